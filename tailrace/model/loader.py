@@ -1,0 +1,150 @@
+"""Build a model from a Hugging Face checkpoint directory (safetensors), or with dummy weights."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors import safe_open
+
+from tailrace.model.config import ModelConfig, load_model_config
+from tailrace.model.llama import LlamaForCausalLM, RMSNorm
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "dummy")
+_DUMMY_STD = 0.02
+_SHOWN_KEYS = 10
+
+# Checkpoint projection -> (fused model projection, index of its part)
+_FUSED_PARTS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def load_model(
+    path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """dtype "auto" is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only config.json."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
+    config = load_model_config(path)
+    torch_dtype = resolve_dtype(dtype, device)
+    with torch.device(device):
+        model = LlamaForCausalLM(config, torch_dtype)
+    with torch.no_grad():
+        if load_format == "dummy":
+            init_dummy_weights(model, seed)
+        else:
+            load_safetensors(model, checkpoint_files(path))
+    return model.eval(), config
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def checkpoint_files(path: str) -> list[str]:
+    """The safetensors files of a single-file or sharded checkpoint."""
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(path, shard) for shard in shards]
+    single = os.path.join(path, "model.safetensors")
+    if os.path.exists(single):
+        return [single]
+    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
+    """Seeded normal(0, 0.02) weights, norm scales at 1, for benchmarks without a checkpoint."""
+    generator = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        param.copy_(torch.randn(param.shape, generator=generator) * _DUMMY_STD)
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+
+
+def load_safetensors(model: LlamaForCausalLM, files: list[str]) -> None:
+    """Copy every checkpoint tensor into its (possibly fused) parameter, casting to the model dtype."""
+    params = dict(model.named_parameters())
+    expected = _checkpoint_names(params)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if _ignored(name, model.config):
+                    continue
+                if name not in expected:
+                    unexpected.append(name)
+                    continue
+                _copy_into(params, name, f.get_tensor(name), model.config)
+                loaded.add(name)
+    missing = sorted(expected - loaded)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint does not match {model.config.architecture}: "
+            f"missing {_listing(missing)}; unexpected {_listing(sorted(unexpected))}"
+        )
+
+
+def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> set[str]:
+    """The checkpoint tensor names the model needs: fused parameters expand into their parts."""
+    names = set()
+    for name in params:
+        module, _, kind = name.rpartition(".")
+        prefix, _, projection = module.rpartition(".")
+        parts = [part for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
+        if parts:
+            names.update(f"{prefix}.{part}.{kind}" for part in parts)
+        else:
+            names.add(name)
+    return names
+
+
+def _ignored(name: str, config: ModelConfig) -> bool:
+    # Old checkpoints store RoPE frequencies; tied checkpoints sometimes still store lm_head.
+    return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
+
+
+def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
+    module, _, kind = name.rpartition(".")
+    prefix, _, projection = module.rpartition(".")
+    if projection in _FUSED_PARTS:
+        fused, part = _FUSED_PARTS[projection]
+        target = params[f"{prefix}.{fused}.{kind}"]
+        start, size = _part_rows(fused, part, config)
+        target = target.narrow(0, start, size)
+    else:
+        target = params[name]
+    if target.shape != tensor.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
+    target.copy_(tensor)
+
+
+def _part_rows(fused: str, part: int, config: ModelConfig) -> tuple[int, int]:
+    """(first row, rows) of one part inside a fused projection's output dimension."""
+    if fused == "gate_up_proj":
+        return part * config.intermediate_size, config.intermediate_size
+    q_size = config.num_attention_heads * config.head_dim
+    kv_size = config.num_key_value_heads * config.head_dim
+    return [(0, q_size), (q_size, kv_size), (q_size + kv_size, kv_size)][part]
+
+
+def _listing(names: list[str]) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:_SHOWN_KEYS])
+    more = len(names) - _SHOWN_KEYS
+    return f"{len(names)} ({shown}{f', and {more} more' if more > 0 else ''})"

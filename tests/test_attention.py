@@ -1,0 +1,129 @@
+"""KVCache: paged writes, per-sequence mirrors and causal attention over a flat batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 4, 2, 8, 4, 32
+
+
+def make_cache() -> KVCache:
+    return KVCache(LAYERS, KV_HEADS, HEAD_DIM, NUM_BLOCKS, BLOCK_SIZE, torch.float32)
+
+
+def sequential_tables(lengths: list[int]) -> list[list[int]]:
+    """Give each sequence its own run of consecutive blocks."""
+    tables, next_block = [], 0
+    for length in lengths:
+        count = -(-length // BLOCK_SIZE)
+        tables.append(list(range(next_block, next_block + count)))
+        next_block += count
+    return tables
+
+
+def make_batch(parts: list[tuple[int, int, int, list[int]]]) -> AttentionBatch:
+    """parts: (key, past, q_len, block_table) per sequence, in row order."""
+    seqs, slots, row = [], [], 0
+    for key, past, q_len, table in parts:
+        seqs.append(SeqSlice(key, row, q_len, past + q_len, table))
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(past, past + q_len)]
+        row += q_len
+    return AttentionBatch(seqs, torch.tensor(slots, dtype=torch.int64))
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Rows q [L, H, D] are the last L positions of keys k/v [S, kvH, D]; causal, GQA by repeat."""
+    past = k.shape[0] - q.shape[0]
+    group = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("lhd,shd->hls", q, keys) * HEAD_DIM**-0.5
+    rows = torch.arange(past, k.shape[0])[:, None]
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > rows, float("-inf"))
+    return torch.einsum("hls,shd->lhd", scores.softmax(-1), values)
+
+
+def qkv(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(rows, HEADS, HEAD_DIM, generator=g),
+        torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g),
+        torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g),
+    )
+
+
+def run_step(cache: KVCache, batch: AttentionBatch, q, k, v) -> list[torch.Tensor]:
+    cache.begin(batch)
+    return [cache.attend(layer, q, k, v, batch) for layer in range(LAYERS)]
+
+
+def test_bytes_per_block_counts_k_and_v_for_every_layer():
+    assert KVCache.bytes_per_block(3, 2, 8, 16, torch.bfloat16) == 2 * 3 * 16 * 2 * 8 * 2
+
+
+def test_attend_writes_new_kv_into_pages_at_slot_mapping():
+    cache = make_cache()
+    table = [5, 2]
+    batch = make_batch([(0, 0, 6, table)])
+    q, k, v = qkv(6, seed=0)
+    run_step(cache, batch, q, k, v)
+    slots = [5 * BLOCK_SIZE + i for i in range(4)] + [2 * BLOCK_SIZE, 2 * BLOCK_SIZE + 1]
+    torch.testing.assert_close(cache.k[1][slots], k)
+    torch.testing.assert_close(cache.v[0][slots], v)
+
+
+def test_prefill_matches_causal_reference():
+    cache = make_cache()
+    q, k, v = qkv(9, seed=1)
+    out = run_step(cache, make_batch([(0, 0, 9, [0, 1, 2])]), q, k, v)
+    torch.testing.assert_close(out[0], reference(q, k, v))
+
+
+def test_chunk_after_cached_tokens_uses_lower_right_causal_mask():
+    cache = make_cache()
+    table = [0, 1, 2]
+    q, k, v = qkv(10, seed=2)
+    run_step(cache, make_batch([(0, 0, 6, table)]), q[:6], k[:6], v[:6])
+    out = run_step(cache, make_batch([(0, 6, 4, table)]), q[6:], k[6:], v[6:])
+    torch.testing.assert_close(out[1], reference(q, k, v)[6:])
+
+
+def test_decode_rows_of_several_sequences_match_reference():
+    cache = make_cache()
+    lengths = [3, 7, 5]
+    tables = sequential_tables([n + 1 for n in lengths])
+    data = [qkv(n + 1, seed=10 + i) for i, n in enumerate(lengths)]
+    for key, (n, table, (q, k, v)) in enumerate(zip(lengths, tables, data)):
+        run_step(cache, make_batch([(key, 0, n, table)]), q[:n], k[:n], v[:n])
+    batch = make_batch([(key, n, 1, table) for key, (n, table) in enumerate(zip(lengths, tables))])
+    q_rows, k_rows, v_rows = (torch.cat([d[i][-1:] for d in data]) for i in range(3))
+    out = run_step(cache, batch, q_rows, k_rows, v_rows)[0]
+    for row, (q, k, v) in enumerate(data):
+        torch.testing.assert_close(out[row], reference(q, k, v)[-1])
+
+
+def test_new_sequence_reads_shared_prefix_from_pages():
+    cache = make_cache()
+    q, k, v = qkv(11, seed=3)
+    run_step(cache, make_batch([(0, 0, 8, [0, 1])]), q[:8], k[:8], v[:8])
+    out = run_step(cache, make_batch([(1, 8, 3, [0, 1, 2])]), q[8:], k[8:], v[8:])
+    torch.testing.assert_close(out[0], reference(q, k, v)[8:])
+
+
+def test_released_sequence_is_rebuilt_from_pages():
+    cache = make_cache()
+    table = [3, 4]
+    q, k, v = qkv(7, seed=4)
+    run_step(cache, make_batch([(0, 0, 6, table)]), q[:6], k[:6], v[:6])
+    cache.release(0)
+    out = run_step(cache, make_batch([(0, 6, 1, table)]), q[6:], k[6:], v[6:])
+    torch.testing.assert_close(out[0], reference(q, k, v)[6:])
+
+
+def test_attend_without_begin_raises():
+    cache = make_cache()
+    q, k, v = qkv(2, seed=7)
+    with pytest.raises(RuntimeError, match="begin"):
+        cache.attend(0, q, k, v, make_batch([(0, 0, 2, [0])]))

@@ -1,0 +1,208 @@
+"""Parity with `transformers` for each supported architecture, through the paged KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.loader import load_model
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+ATOL = 1e-4
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    max_position_embeddings=256,
+    head_dim=16,
+)
+ARCHITECTURES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    "llama3_rope": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+            rope_theta=500000.0,
+        ),
+    ),
+    "llama_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=True)),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),
+}
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    """Default init leaves biases at 0 and norm scales at 1, which would hide loading mistakes."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+
+
+def _save_checkpoint(root, name: str):
+    config_cls, model_cls, extra = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    config = config_cls(**SMALL, **extra, initializer_range=0.1)
+    model = model_cls(config).float().eval()
+    _randomize(model)
+    path = root / name
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {name: _save_checkpoint(root, name) for name in ARCHITECTURES}
+
+
+class Runner:
+    """Drives the model the way the engine does: sequential block tables, one flat batch per step."""
+
+    def __init__(self, path) -> None:
+        self.model, self.config = load_model(str(path), dtype="float32")
+        c = self.config
+        self.cache = KVCache(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.float32
+        )
+        self.next_block = 0
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+
+    def adopt(self, key: int, block_table: list[int], kv_len: int) -> None:
+        """Start `key` with K/V already in the pages (a prefix-cache hit or a resume)."""
+        self.tables[key] = list(block_table)
+        self.lengths[key] = kv_len
+
+    def step(self, work: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        seqs, slots, positions, ids = [], [], [], []
+        for key, tokens in work:
+            past = self.lengths.get(key, 0)
+            kv_len = past + len(tokens)
+            table = self.tables.setdefault(key, [])
+            while len(table) * BLOCK_SIZE < kv_len:
+                table.append(self.next_block)
+                self.next_block += 1
+            seqs.append(SeqSlice(key, len(ids), len(tokens), kv_len, list(table)))
+            for pos in range(past, kv_len):
+                slots.append(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+            positions += range(past, kv_len)
+            ids += tokens
+            self.lengths[key] = kv_len
+        batch = AttentionBatch(seqs, torch.tensor(slots, dtype=torch.int64))
+        self.cache.begin(batch)
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), batch, self.cache)
+        logits = self.model.compute_logits(hidden)
+        return [logits[s.q_start : s.q_start + s.q_len] for s in seqs]
+
+    def release(self, key: int) -> None:
+        self.cache.release(key)
+        del self.lengths[key]
+        del self.tables[key]
+
+
+def reference_logits(hf_model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([tokens])).logits[0].float()
+
+
+PROMPT = [5, 17, 200, 3, 99, 42, 7, 128, 64, 1, 250, 33, 12]
+CONTINUATION = [8, 77, 150, 2, 31, 190]
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_prefill_then_decode_matches_transformers(checkpoints, name):
+    path, hf_model = checkpoints[name]
+    expected = reference_logits(hf_model, PROMPT + CONTINUATION)
+    runner = Runner(path)
+    got = [runner.step([(0, PROMPT)])[0]]
+    for token in CONTINUATION:
+        got.append(runner.step([(0, [token])])[0])
+    torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_chunked_prefill_matches_transformers(checkpoints, name):
+    path, hf_model = checkpoints[name]
+    expected = reference_logits(hf_model, PROMPT + CONTINUATION[:1])
+    runner = Runner(path)
+    chunks = [PROMPT[:5], PROMPT[5:11], PROMPT[11:]]
+    got = [runner.step([(0, chunk)])[0] for chunk in chunks]
+    got.append(runner.step([(0, CONTINUATION[:1])])[0])
+    torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
+
+
+def test_prefill_and_decode_in_one_batch_match_running_alone(checkpoints):
+    path, _ = checkpoints["llama"]
+    other_prompt = [9, 8, 7, 6, 5, 4, 3]
+    alone = Runner(path)
+    alone.step([(0, PROMPT)])
+    decode_alone = alone.step([(0, CONTINUATION[:1])])[0]
+    prefill_alone = alone.step([(1, other_prompt)])[0]
+
+    mixed = Runner(path)
+    mixed.step([(0, PROMPT)])
+    decode_mixed, prefill_mixed = mixed.step([(0, CONTINUATION[:1]), (1, other_prompt)])
+    torch.testing.assert_close(decode_mixed, decode_alone, atol=ATOL, rtol=0)
+    torch.testing.assert_close(prefill_mixed, prefill_alone, atol=ATOL, rtol=0)
+
+
+def test_prefix_cache_hit_reads_shared_blocks_from_pages(checkpoints):
+    path, hf_model = checkpoints["llama"]
+    shared = 2 * BLOCK_SIZE
+    tail = [60, 61, 62]
+    expected = reference_logits(hf_model, PROMPT[:shared] + tail + CONTINUATION[:1])
+    runner = Runner(path)
+    runner.step([(0, PROMPT)])
+    runner.adopt(1, runner.tables[0][:2], shared)
+    got = [runner.step([(1, tail)])[0], runner.step([(1, CONTINUATION[:1])])[0]]
+    torch.testing.assert_close(torch.cat(got), expected[shared:], atol=ATOL, rtol=0)
+
+
+def test_release_then_prefill_again_gives_same_logits(checkpoints):
+    path, _ = checkpoints["llama"]
+    runner = Runner(path)
+    first = runner.step([(0, PROMPT)])[0]
+    runner.step([(0, CONTINUATION[:2])])
+    runner.release(0)
+    again = runner.step([(0, PROMPT)])[0]
+    torch.testing.assert_close(again, first, atol=ATOL, rtol=0)
+
+
+def test_resume_after_release_continues_from_pages(checkpoints):
+    path, hf_model = checkpoints["llama"]
+    expected = reference_logits(hf_model, PROMPT + CONTINUATION)
+    runner = Runner(path)
+    runner.step([(0, PROMPT)])
+    runner.step([(0, CONTINUATION[:1])])
+    table, kv_len = runner.tables[0], runner.lengths[0]
+    runner.release(0)
+    runner.adopt(0, table, kv_len)
+    got = runner.step([(0, CONTINUATION[1:3])])[0]
+    torch.testing.assert_close(got, expected[kv_len : kv_len + 2], atol=ATOL, rtol=0)
+
+
+def test_decode_past_initial_mirror_capacity_matches_transformers(checkpoints):
+    path, hf_model = checkpoints["llama"]
+    tokens = [(i * 37) % 256 for i in range(40)]
+    expected = reference_logits(hf_model, tokens)
+    runner = Runner(path)
+    got = [runner.step([(0, tokens[:3])])[0]]
+    got += [runner.step([(0, [t])])[0] for t in tokens[3:]]
+    torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)

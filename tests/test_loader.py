@@ -1,0 +1,124 @@
+"""Loading Hugging Face safetensors checkpoints (single and sharded) and dummy weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.loader import load_model, resolve_dtype
+
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    max_position_embeddings=128,
+)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).eval()
+
+
+@pytest.fixture(scope="module")
+def single(hf_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("single")
+    hf_model.save_pretrained(path)
+    return path
+
+
+def write_state(path, hf_model, state: dict[str, torch.Tensor]) -> str:
+    hf_model.config.save_pretrained(path)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    return str(path)
+
+
+def prefill_logits(model, config, tokens: list[int]) -> torch.Tensor:
+    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 8, 16, model.dtype)
+    batch = AttentionBatch([SeqSlice(0, 0, len(tokens), len(tokens), [0])], torch.arange(len(tokens)))
+    cache.begin(batch)
+    hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), batch, cache)
+    return model.compute_logits(hidden)
+
+
+def test_sharded_checkpoint_loads_the_same_weights_as_single_file(hf_model, single, tmp_path):
+    hf_model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    sharded, _ = load_model(str(tmp_path))
+    whole, _ = load_model(str(single))
+    for (name, a), (_, b) in zip(sharded.named_parameters(), whole.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_fused_qkv_projection_holds_q_then_k_then_v(hf_model, single):
+    model, _ = load_model(str(single))
+    hf_attn = hf_model.model.layers[1].self_attn
+    expected = torch.cat([hf_attn.q_proj.weight, hf_attn.k_proj.weight, hf_attn.v_proj.weight])
+    assert torch.equal(model.model.layers[1].self_attn.qkv_proj.weight, expected)
+
+
+def test_missing_tensor_is_named_in_the_error(hf_model, tmp_path):
+    state = dict(hf_model.state_dict())
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match=r"missing 1 \(model\.layers\.1\.mlp\.up_proj\.weight\)"):
+        load_model(write_state(tmp_path, hf_model, state))
+
+
+def test_unexpected_tensor_is_named_in_the_error(hf_model, tmp_path):
+    state = {**hf_model.state_dict(), "model.layers.0.self_attn.extra.weight": torch.zeros(2)}
+    with pytest.raises(ValueError, match=r"unexpected 1 \(model\.layers\.0\.self_attn\.extra\.weight\)"):
+        load_model(write_state(tmp_path, hf_model, state))
+
+
+def test_wrong_shape_is_named_in_the_error(hf_model, tmp_path):
+    state = {**hf_model.state_dict(), "model.norm.weight": torch.ones(3)}
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        load_model(write_state(tmp_path, hf_model, state))
+
+
+def test_directory_without_weights_raises_file_not_found(hf_model, tmp_path):
+    hf_model.config.save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(str(tmp_path))
+
+
+def test_dummy_weights_need_only_config_and_follow_the_seed(hf_model, tmp_path):
+    hf_model.config.save_pretrained(tmp_path)
+    first, _ = load_model(str(tmp_path), load_format="dummy", seed=3)
+    again, _ = load_model(str(tmp_path), load_format="dummy", seed=3)
+    other, _ = load_model(str(tmp_path), load_format="dummy", seed=4)
+    weight = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(first.get_parameter(weight), again.get_parameter(weight))
+    assert not torch.equal(first.get_parameter(weight), other.get_parameter(weight))
+
+
+def test_bfloat16_load_runs_close_to_float32(single):
+    tokens = [3, 14, 15, 92, 65, 35]
+    model, config = load_model(str(single), dtype="bfloat16")
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    low = prefill_logits(model, config, tokens)
+    full = prefill_logits(*load_model(str(single), dtype="float32"), tokens)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, full, atol=0.05, rtol=0)
+
+
+def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_cuda():
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+
+
+def test_unknown_dtype_is_rejected(single):
+    with pytest.raises(ValueError, match="float64"):
+        load_model(str(single), dtype="float64")
+
+
+def test_unknown_load_format_is_rejected(single):
+    with pytest.raises(ValueError, match="'pt'"):
+        load_model(str(single), load_format="pt")
