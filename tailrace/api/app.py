@@ -1,0 +1,345 @@
+"""The HTTP face: routes, auth, request ids, body limits, and every error in OpenAI's shape."""
+
+from __future__ import annotations
+
+import hmac
+import importlib.metadata
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tailrace.api.sse import aclose, sse_stream
+from tailrace.engine.client import EngineClient, EngineDeadError
+from tailrace.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from tailrace.metrics import ServerMetrics
+from tailrace.serving.chat import create_chat_completion
+from tailrace.serving.choices import check_token_ids
+from tailrace.serving.completions import create_completion
+from tailrace.serving.context import RequestContext
+from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
+                                     invalid_api_key, invalid_json, invalid_request, model_not_found,
+                                     payload_too_large)
+from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+_MAX_CLIENT_REQUEST_ID = 256
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    served_model_name: str
+    api_key: str | None = None  # None: no auth
+    max_body_bytes: int = 4 * 1024 * 1024
+    metrics_public: bool = False  # True: /metrics needs no key even when api_key is set
+    cors_origins: list[str] = field(default_factory=list)  # empty: CORS off
+
+
+def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="tailrace", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics(config.served_model_name)
+    require_key = [Depends(_bearer_check(config.api_key))] if config.api_key else []
+    app.include_router(_openai_routes(engine, config, metrics), dependencies=require_key)
+    app.include_router(_status_routes(engine))
+    app.include_router(_metrics_route(engine, metrics), dependencies=[] if config.metrics_public else require_key)
+    _add_error_handlers(app)
+    # Pure ASGI middlewares (no BaseHTTPMiddleware: it buffers and breaks streaming). Last added runs first.
+    app.add_middleware(_BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["x-request-id"])
+    app.add_middleware(_RequestIdMiddleware)
+    return app
+
+
+# ---- routes ---------------------------------------------------------------------------------------
+
+def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMetrics) -> APIRouter:
+    router = APIRouter()
+    served = config.served_model_name
+    created = int(time.time())
+
+    def context(request: Request) -> RequestContext:
+        return RequestContext(request_id=request.state.request_id, model_name=served, metrics=metrics)
+
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        _check_model(served, body.model)
+        _check_ready(engine)
+        return await _respond(create_completion(engine, body, context(request)))
+
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        _check_model(served, body.model)
+        _check_ready(engine)
+        return await _respond(create_chat_completion(engine, body, context(request)))
+
+    def model_card() -> dict[str, Any]:
+        return {"id": served, "object": "model", "created": created, "owned_by": "tailrace",
+                "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len}
+
+    async def list_models() -> Response:
+        return _json({"object": "list", "data": [model_card()]})
+
+    async def get_model(model: str) -> Response:
+        _check_model(served, model)
+        return _json(model_card())
+
+    async def tokenize(request: Request) -> Response:
+        body = await _parse(request, TokenizeRequest)
+        _check_model(served, body.model)
+        tokens = _tokenize(engine, body)
+        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len})
+
+    async def detokenize(request: Request) -> Response:
+        body = await _parse(request, DetokenizeRequest)
+        _check_model(served, body.model)
+        check_token_ids(body.tokens, engine.tokenizer.vocab_size, "tokens")
+        return _json({"prompt": engine.tokenizer.decode(body.tokens)})
+
+    for prefix in ("/v1", ""):  # clients set base_url with or without /v1
+        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+        router.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
+        router.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
+    router.add_api_route("/tokenize", tokenize, methods=["POST"])
+    router.add_api_route("/detokenize", detokenize, methods=["POST"])
+    return router
+
+
+def _status_routes(engine: EngineClient) -> APIRouter:
+    router = APIRouter()
+    version = importlib.metadata.version("tailrace")
+
+    async def health() -> Response:
+        if not engine.is_ready:
+            raise engine_unavailable()
+        return _json({})
+
+    async def get_version() -> Response:
+        return _json({"version": version})
+
+    router.add_api_route("/health", health, methods=["GET"])
+    router.add_api_route("/version", get_version, methods=["GET"])
+    return router
+
+
+def _metrics_route(engine: EngineClient, metrics: ServerMetrics) -> APIRouter:
+    router = APIRouter()
+
+    async def scrape() -> Response:
+        return Response(metrics.render(engine.stats()), media_type=METRICS_CONTENT_TYPE)
+
+    router.add_api_route("/metrics", scrape, methods=["GET"])
+    return router
+
+
+def _check_model(served: str, model: str | None) -> None:
+    if model is not None and model != served:
+        raise model_not_found(model)
+
+
+def _check_ready(engine: EngineClient) -> None:
+    # The server accepts connections while the model loads; until then the engine knows no
+    # context length, so generation requests wait for /health to turn 200.
+    if not engine.is_ready:
+        raise engine_unavailable("The model is still loading or has stopped. Please retry shortly.")
+
+
+def _tokenize(engine: EngineClient, body: TokenizeRequest) -> list[int]:
+    tokenizer = engine.tokenizer
+    if body.prompt is not None:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        return tokenizer.encode(body.prompt, add_special_tokens=add_special)
+    try:
+        text = tokenizer.apply_chat_template([m.template_dict() for m in body.messages or []],
+                                             add_generation_prompt=body.add_generation_prompt,
+                                             continue_final_message=body.continue_final_message)
+    except ValueError as err:
+        raise invalid_request(str(err), param="messages") from err
+    return tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_json() from None
+    if not isinstance(data, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise from_validation_errors(err.errors(include_url=False)) from None
+
+
+async def _respond(result: Awaitable[dict | AsyncIterator[dict]]) -> Response:
+    outcome = await result
+    if isinstance(outcome, dict):
+        return _json(outcome)
+    return StreamingResponse(sse_stream(await _first_chunk_now(outcome)), media_type="text/event-stream",
+                             headers=_SSE_HEADERS)
+
+
+async def _first_chunk_now(chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    """Pull the first chunk before the 200 goes out: an error raised that early is then a normal
+    HTTP error, which every client reports properly, instead of an in-band stream event."""
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        return chunks
+    return _prepend(first, chunks)
+
+
+async def _prepend(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await aclose(rest)
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", headers=headers)
+
+
+def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
+    expected = api_key.encode()
+
+    async def require_key(request: Request) -> None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compare_digest: the time taken must not reveal how much of the key matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise invalid_api_key()
+
+    return require_key
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+def _error_response(err: OpenAIError) -> Response:
+    """The OpenAI error body; a 4xx that retrying cannot fix says so, or the SDK retries it twice."""
+    headers = {} if err.retryable else {"x-should-retry": "false"}
+    return _json(err.body(), status=err.status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def on_openai_error(request: Request, err: OpenAIError) -> Response:
+        return _error_response(err)
+
+    async def on_validation_error(request: Request, err: RequestValidationError) -> Response:
+        # Drop the "body"/"query"/"path" prefix: locations are then relative to the request body.
+        errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in err.errors()]
+        return _error_response(from_validation_errors(errors))
+
+    async def on_http_error(request: Request, err: StarletteHTTPException) -> Response:
+        where = f"{request.method} {request.url.path}"
+        if err.status_code == 404:
+            error = OpenAIError(404, f"Invalid URL ({where}).", code="unknown_url")
+        elif err.status_code == 405:
+            error = OpenAIError(405, f"Method not allowed ({where}).", code="method_not_allowed")
+        else:
+            error = OpenAIError(err.status_code, str(err.detail), code=None)
+        response = _error_response(error)
+        response.headers.update(err.headers or {})
+        return response
+
+    async def on_engine_dead(request: Request, err: EngineDeadError) -> Response:
+        logger.error("engine core is dead: %s", err)
+        return _error_response(engine_unavailable("The engine stopped. Please retry shortly."))
+
+    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(EngineDeadError, on_engine_dead)
+
+
+# ---- middleware ----------------------------------------------------------------------------------
+
+class _RequestIdMiddleware:
+    """Gives every request a unique id (request.state.request_id), answers with `x-request-id`
+    (the client's own when it sent one), and turns any unhandled exception into a plain 500 that
+    still carries the id. Tracebacks go to the log, never to the client."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = f"req-{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (_client_request_id(scope) or request_id).encode()
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", header)]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error in request %s", request_id)
+            if started:
+                raise
+            await _error_response(internal())(scope, receive, send_with_id)
+
+
+def _client_request_id(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            if 0 < len(text) <= _MAX_CLIENT_REQUEST_ID and text.isprintable() and text.isascii():
+                return text
+    return None
+
+
+class _BodyLimitMiddleware:
+    """413 for a body over the limit: at once when Content-Length says so, and while reading when
+    the body (chunked, or lying about its length) grows past it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _error_response(payload_too_large(self.max_bytes))(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Raised inside the route's body read, so the OpenAIError handler answers it.
+                    raise payload_too_large(self.max_bytes)
+            return message
+
+        await self.app(scope, counting_receive, send)

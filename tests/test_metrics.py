@@ -1,0 +1,73 @@
+"""Prometheus metrics: names, values, and per-instance registries."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tailrace.engine.stats import EngineStats
+from tailrace.metrics import ServerMetrics
+
+
+def samples(metrics: ServerMetrics, stats: EngineStats | None = None) -> dict:
+    text = metrics.render(stats or EngineStats()).decode()
+    return {(s.name, s.labels.get("finished_reason")): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_token_counters_add_up():
+    metrics = ServerMetrics("tiny")
+    metrics.add_tokens(prompt=5, generation=7)
+    metrics.add_tokens(prompt=1, generation=2)
+    got = samples(metrics)
+    assert (got[("tailrace:prompt_tokens_total", None)], got[("tailrace:generation_tokens_total", None)]) == (6, 9)
+
+
+def test_finishes_are_counted_by_reason():
+    metrics = ServerMetrics()
+    for reason in ("stop", "stop", "length"):
+        metrics.count_finish(reason)
+    got = samples(metrics)
+    assert (got[("tailrace:request_success_total", "stop")],
+            got[("tailrace:request_success_total", "length")]) == (2, 1)
+
+
+def test_latency_histograms_count_observations():
+    metrics = ServerMetrics()
+    metrics.observe_ttft(0.05)
+    metrics.observe_itl(0.01)
+    metrics.observe_itl(0.02)
+    metrics.observe_e2e(1.5)
+    got = samples(metrics)
+    assert (got[("tailrace:time_to_first_token_seconds_count", None)],
+            got[("tailrace:inter_token_latency_seconds_count", None)],
+            got[("tailrace:e2e_request_latency_seconds_sum", None)]) == (1, 2, 1.5)
+
+
+def test_engine_stats_are_read_at_render_time():
+    metrics = ServerMetrics()
+    stats = EngineStats(num_running=3, num_waiting=2, num_total_blocks=100, num_free_blocks=40,
+                        kv_usage=0.6, prefix_cache_queries=50, prefix_cache_hits=20, num_preemptions=1)
+    got = samples(metrics, stats)
+    assert {name: got[(name, None)] for name in (
+        "tailrace:num_requests_running", "tailrace:num_requests_waiting", "tailrace:kv_cache_usage_perc",
+        "tailrace:num_free_kv_blocks", "tailrace:num_total_kv_blocks", "tailrace:prefix_cache_queries_total",
+        "tailrace:prefix_cache_hits_total", "tailrace:num_preemptions_total")} == {
+        "tailrace:num_requests_running": 3, "tailrace:num_requests_waiting": 2,
+        "tailrace:kv_cache_usage_perc": 0.6, "tailrace:num_free_kv_blocks": 40,
+        "tailrace:num_total_kv_blocks": 100, "tailrace:prefix_cache_queries_total": 50,
+        "tailrace:prefix_cache_hits_total": 20, "tailrace:num_preemptions_total": 1}
+
+
+def test_later_render_shows_the_new_stats():
+    metrics = ServerMetrics()
+    metrics.render(EngineStats(num_running=5))
+    assert samples(metrics, EngineStats(num_running=1))[("tailrace:num_requests_running", None)] == 1
+
+
+def test_two_instances_do_not_share_state():
+    first, second = ServerMetrics(), ServerMetrics()
+    first.add_tokens(prompt=10, generation=0)
+    assert samples(second)[("tailrace:prompt_tokens_total", None)] == 0
+
+
+def test_samples_carry_the_model_name_label():
+    text = ServerMetrics("tiny").render(EngineStats()).decode()
+    assert 'tailrace:num_requests_running{model_name="tiny"}' in text
