@@ -1,0 +1,115 @@
+"""`tailrace serve [MODEL]`: the OpenAI-compatible server; `tailrace bench ...`: benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import fields
+
+from tailrace.bench.cli import add_bench_parser, run_bench
+from tailrace.engine.config import EngineConfig
+
+log = logging.getLogger("tailrace")
+
+_ENGINE_FLAGS = {
+    "dtype": (str, "weights and compute dtype: auto (float32 on CPU), float32, bfloat16, float16"),
+    "load_format": (str, "auto (safetensors) or dummy (random weights from config.json)"),
+    "device": (str, "cpu (the only backend in this build)"),
+    "max_num_seqs": (int, "most sequences in one batch"),
+    "max_num_batched_tokens": (int, "token budget of one engine step (chunked prefill)"),
+    "block_size": (int, "tokens per KV cache block"),
+    "kv_cache_memory_gb": (float, "KV cache size in GiB"),
+    "num_kv_blocks": (int, "KV cache size in blocks; overrides --kv-cache-memory-gb"),
+    "max_model_len": (int, "context limit in tokens (default: the model's)"),
+    "threads": (int, "torch threads in the engine core (default: all cores but one)"),
+    "seed": (int, "seed for requests that give none"),
+}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    for name, (kind, help_text) in _ENGINE_FLAGS.items():
+        shown = "" if defaults[name] is None else f" (default: {defaults[name]})"
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name], help=help_text + shown)
+    parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the engine core on a thread of this process (debugging)")
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, enable_prefix_caching=not args.no_prefix_caching,
+                        in_process=args.in_process, **{name: getattr(args, name) for name in _ENGINE_FLAGS})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailrace", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    serve.add_argument("model", nargs="?", default=None,
+                       help="a Hugging Face model directory (default: the embedded tiny model)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("TAILRACE_API_KEY"),
+                       help="require this bearer key (default: $TAILRACE_API_KEY; none: no auth)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model name clients use (default: the directory's name)")
+    serve.add_argument("--metrics-public", action="store_true", help="/metrics needs no key")
+    serve.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin")
+    serve.add_argument("--log-level", default="info")
+    add_engine_flags(serve)
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return asyncio.run(serve(args))
+    if args.command == "bench":
+        return run_bench(args)
+    return 2
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tailrace.api.app import ServerConfig, build_app
+    from tailrace.engine.client import EngineClient, EngineDeadError
+    from tailrace.tokenizer import load_tokenizer
+
+    config = engine_config_from(args)
+    try:
+        config.validate()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    name = args.served_model_name or os.path.basename(os.path.normpath(config.model_path))
+    engine = EngineClient(config, load_tokenizer(config.model_path))
+    app = build_app(engine, ServerConfig(served_model_name=name, api_key=args.api_key,
+                                         metrics_public=args.metrics_public, cors_origins=args.cors_origin))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=30))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await engine.launch()
+    except EngineDeadError as exc:
+        log.error("%s", exc)
+        server.should_exit = True
+        await serving
+        return 1
+    info = engine.info
+    log.info("model %s (%s) from %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
+             name, "embedded" if args.model is None else "local", config.model_path, info.dtype,
+             info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
+    log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
+    await serving
+    await engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

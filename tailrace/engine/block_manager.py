@@ -1,0 +1,117 @@
+"""KV memory accounted in fixed-size blocks, with prefix caching by chained block hashes.
+
+A freed block keeps its hash and contents until it is handed out again, so a later request
+with the same prefix finds it (least recently freed blocks are reused first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tailrace.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks that `seq` must gain to hold `num_tokens` tokens in total."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def match_prefix(self, seq: Sequence) -> None:
+        """Give a sequence that starts from nothing the cached blocks of its longest cached prefix."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return
+        bs = self.block_size
+        # Keep at least one token to compute: the step that finishes the prompt must produce logits.
+        full = (seq.num_tokens - 1) // bs
+        parent: int | None = None
+        for i in range(full):
+            tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
+            h = chain_hash(parent, tokens)
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            self._take(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(h)
+            parent = h
+        seq.num_computed_tokens = len(seq.block_table) * bs
+        seq.num_cached_tokens = seq.num_computed_tokens
+
+    def record_lookup(self, seq: Sequence) -> None:
+        self.prefix_cache_queries += seq.num_prompt_tokens
+        self.prefix_cache_hits += min(seq.num_cached_tokens, seq.num_prompt_tokens)
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow `seq`'s block table to hold `num_tokens` tokens; False (and no change) if memory is short."""
+        need = self.blocks_needed(seq, num_tokens)
+        if need > len(self.free):
+            return False
+        for _ in range(need):
+            block_id = next(iter(self.free))
+            block = self.blocks[block_id]
+            if block.hash is not None and self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]
+            block.hash, block.token_ids = None, ()
+            self._take(block_id)
+            seq.block_table.append(block_id)
+        return True
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publish the hashes of blocks that the last step filled, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
+            h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                block.hash, block.token_ids = h, tokens
+                self.cached.setdefault(h, block.block_id)
+
+    def release(self, seq: Sequence) -> None:
+        # Tail blocks go to the free list first, so they are reused before the shared prefixes.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_computed_tokens = 0
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1

@@ -1,0 +1,173 @@
+"""The async face of the engine: per-request delta streams over an engine core behind a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
+
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.core import EngineRequest
+from tailrace.engine.core_process import (
+    AbortMsg, AddMsg, FatalMsg, OutputsMsg, ReadyMsg, RequestErrorMsg, ShutdownMsg, encoder,
+    from_core_decoder, run_core,
+)
+from tailrace.engine.output_processor import OutputProcessor
+from tailrace.engine.stats import EngineStats
+from tailrace.outputs import RequestOutput
+from tailrace.sampling_params import SamplingParams
+from tailrace.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["EngineClient", "EngineDeadError", "EngineStats"]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core stopped; every open request fails with this."""
+
+
+class EngineClient:
+    """Start with `await EngineClient.start(config)`; one per server."""
+
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.model_path = config.model_path
+        self.tokenizer = tokenizer
+        self.max_model_len = 0
+        self.info: ReadyMsg | None = None
+        self._processor = OutputProcessor(tokenizer)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._stats = EngineStats()
+        self._conn: Connection | None = None
+        self._worker: multiprocessing.process.BaseProcess | threading.Thread | None = None
+        self._ready = asyncio.Event()
+        self._dead_reason: str | None = None
+
+    @classmethod
+    async def start(cls, config: EngineConfig) -> "EngineClient":
+        config.validate()
+        client = cls(config, load_tokenizer(config.model_path))
+        await client.launch()
+        return client
+
+    async def launch(self) -> None:
+        """Start the core and wait until its model is loaded; EngineDeadError if it cannot start."""
+        conn, child = multiprocessing.Pipe()
+        if self.config.in_process:
+            self._worker = threading.Thread(target=run_core, args=(self.config, child), daemon=True)
+            self._worker.start()
+        else:
+            self._worker = multiprocessing.get_context("spawn").Process(
+                target=run_core, args=(self.config, child), daemon=True, name="tailrace-engine-core")
+            self._worker.start()
+            child.close()  # so the pipe reports EOF when the core process dies
+        self._conn = conn
+        asyncio.get_running_loop().add_reader(conn.fileno(), self._on_readable)
+        await self._ready.wait()
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set() and self._dead_reason is None
+
+    @property
+    def errored(self) -> bool:
+        return self._dead_reason is not None
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        if self._dead_reason is not None:
+            raise EngineDeadError(self._dead_reason)
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already running")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._processor.add_request(request_id, prompt_token_ids, params)
+        finished = False
+        try:
+            self._send(AddMsg(EngineRequest(request_id, prompt_token_ids, params)))
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self._abort_now(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        queue = self._queues.pop(request_id, None)
+        if queue is not None:
+            self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> None:
+        self._processor.remove(request_id)
+        if self._dead_reason is None:
+            self._send(AbortMsg(request_id))
+
+    def _send(self, msg: object) -> None:
+        """Send to the core; if it is gone, every open request (this one too) gets EngineDeadError."""
+        try:
+            self._conn.send_bytes(encoder.encode(msg))
+        except OSError as exc:
+            self._die(f"the engine core is unreachable: {exc}")
+
+    def _on_readable(self) -> None:
+        try:
+            while self._conn.poll(0):
+                self._dispatch(from_core_decoder.decode(self._conn.recv_bytes()))
+        except (EOFError, OSError):
+            self._die("the engine core process exited")
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, OutputsMsg):
+            self._stats = msg.stats
+            processed = self._processor.process(msg.outputs)
+            for delta in processed.deltas:
+                queue = self._queues.get(delta.request_id)
+                if queue is not None:
+                    queue.put_nowait(delta)
+            for request_id, sibling in processed.to_abort:
+                self._send(AbortMsg(request_id, [sibling]))
+        elif isinstance(msg, RequestErrorMsg):
+            self._processor.remove(msg.request_id)
+            queue = self._queues.get(msg.request_id)
+            if queue is not None:
+                queue.put_nowait(ValueError(msg.message))
+        elif isinstance(msg, ReadyMsg):
+            self.info, self._stats = msg, msg.stats
+            self.max_model_len = msg.max_model_len
+            self._ready.set()
+        elif isinstance(msg, FatalMsg):
+            self._die(msg.message)
+
+    def _die(self, reason: str) -> None:
+        if self._dead_reason is not None:
+            return
+        self._dead_reason = reason
+        if self._conn is not None:
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(reason))
+        self._ready.set()
+
+    async def shutdown(self) -> None:
+        if self._conn is None:
+            return
+        if self._dead_reason is None:
+            self._send(ShutdownMsg())
+            self._die("the engine was shut down")
+        self._conn.close()
+        self._conn = None
+        worker = self._worker
+        await asyncio.get_running_loop().run_in_executor(None, worker.join, 10)
+        if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
+            worker.kill()

@@ -1,0 +1,168 @@
+"""The engine core: schedule -> run the model -> sample -> emit token ids. It never sees text."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from tailrace.engine.block_manager import BlockManager
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.model_runner import ModelRunner
+from tailrace.engine.sampler import make_generator
+from tailrace.engine.scheduler import Scheduler
+from tailrace.engine.sequence import Sequence, Status
+from tailrace.engine.stats import EngineStats
+from tailrace.outputs import TokenLogprob
+from tailrace.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    """What one sequence gained in one step."""
+
+    request_id: str
+    sibling: int
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None  # "stop" (eos or stop token) | "length" | "abort"
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.max_model_len = self.runner.max_model_len
+        self.eos_token_ids = model_eos_ids(config.model_path, self.runner.model_config.eos_token_ids)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.requests: dict[str, list[Sequence]] = {}
+        self._next_seq_id = 0
+
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a request as params.n sibling sequences; ValueError if it can never run."""
+        prompt_len = len(req.prompt_token_ids)
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already running")
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty")
+        if prompt_len > self.max_model_len:
+            raise ValueError(f"the prompt has {prompt_len} tokens, over the limit of {self.max_model_len}")
+        vocab = self.runner.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in req.prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        params = req.params
+        room = self.max_model_len - prompt_len
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        needed = -(-(prompt_len + max_tokens) // self.config.block_size)
+        if needed > self.runner.num_blocks:
+            raise ValueError(f"the request needs {needed} KV blocks but the cache has {self.runner.num_blocks}")
+        siblings = []
+        for j in range(params.n):
+            seed = None if params.seed is None else params.seed + j
+            seq = Sequence(self._next_seq_id, req.request_id, j, req.prompt_token_ids, params, max_tokens,
+                           generator=None if seed is None else make_generator(seed))
+            self._next_seq_id += 1
+            if j > 0 and params.prompt_logprobs is None:
+                seq.waits_for = siblings[0]
+            siblings.append(seq)
+            self.scheduler.add(seq)
+        self.requests[req.request_id] = siblings
+
+    def abort(self, request_id: str, siblings: list[int] | None = None) -> list[SeqOutput]:
+        """Drop a request (or some of its choices) now; its KV memory is free when this returns."""
+        outputs = []
+        for seq in self.requests.get(request_id, []):
+            if seq.status is not Status.FINISHED and (siblings is None or seq.sibling in siblings):
+                seq.finish_reason = "abort"
+                self._finish(seq)
+                outputs.append(SeqOutput(request_id, seq.sibling, finish_reason="abort"))
+        return outputs
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[SeqOutput]:
+        sched = self.scheduler.schedule()
+        for seq in sched.preempted:
+            self.runner.release(seq.seq_id)
+            if not seq.prompt_logprobs_sent:
+                seq.prompt_logprobs = None
+        if not sched.scheduled:
+            return []
+        results = self.runner.execute(sched.scheduled, self.eos_token_ids)
+        outputs: list[SeqOutput] = []
+        for item, res in zip(sched.scheduled, results):
+            seq, reached_end = item.seq, item.samples
+            seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.register_full_blocks(seq)
+            if res.prompt_logprobs is not None:
+                seq.prompt_logprobs = (seq.prompt_logprobs or []) + res.prompt_logprobs
+            out = SeqOutput(seq.request_id, seq.sibling, num_cached_tokens=seq.num_cached_tokens)
+            if seq.wants_prompt_logprobs and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                out.prompt_logprobs = seq.prompt_logprobs or []
+                seq.prompt_logprobs_sent = True
+            if res.token_id is not None:
+                self._append(seq, res.token_id, res.logprob, out)
+            elif reached_end and seq.max_tokens == 0:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
+                self._finish(seq)
+            if out.new_token_ids or out.finish_reason or out.prompt_logprobs is not None:
+                outputs.append(out)
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> None:
+        seq.output_token_ids.append(token)
+        out.new_token_ids.append(token)
+        if seq.params.logprobs is not None:
+            out.new_logprobs = [logprob] if logprob is not None else None
+        params = seq.params
+        if token in self.eos_token_ids and not params.ignore_eos:
+            seq.finish_reason = "stop"
+        elif token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.runner.release(seq.seq_id)
+        siblings = self.requests.get(seq.request_id, [])
+        if all(s.status is Status.FINISHED for s in siblings):
+            self.requests.pop(seq.request_id, None)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_total_blocks=self.blocks.num_blocks, num_free_blocks=self.blocks.num_free_blocks,
+            kv_usage=1.0 - self.blocks.num_free_blocks / self.blocks.num_blocks,
+            prefix_cache_queries=self.blocks.prefix_cache_queries,
+            prefix_cache_hits=self.blocks.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+
+def model_eos_ids(model_path: str, config_eos: list[int]) -> list[int]:
+    """End-of-sequence ids from config.json and generation_config.json together."""
+    ids = list(config_eos)
+    path = os.path.join(model_path, "generation_config.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if t not in ids:
+                ids.append(t)
+    return ids

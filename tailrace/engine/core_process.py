@@ -1,0 +1,109 @@
+"""The engine core's side of the pipe: msgpack frames in, steps, msgpack frames out.
+
+Runs in its own process by default, so JSON and detokenizing in the API process never take
+the model's core; `run_core` runs on a thread just as well (in-process mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from multiprocessing.connection import Connection
+
+import msgspec
+
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
+from tailrace.engine.stats import EngineStats
+
+log = logging.getLogger("tailrace.engine")
+
+
+class AddMsg(msgspec.Struct, tag="add"):
+    request: EngineRequest
+
+
+class AbortMsg(msgspec.Struct, tag="abort"):
+    request_id: str
+    siblings: list[int] | None = None  # None: the whole request
+
+
+class ShutdownMsg(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+class ReadyMsg(msgspec.Struct, tag="ready"):
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    dtype: str
+    stats: EngineStats
+
+
+class OutputsMsg(msgspec.Struct, tag="out"):
+    outputs: list[SeqOutput]
+    stats: EngineStats
+
+
+class RequestErrorMsg(msgspec.Struct, tag="req_error"):
+    request_id: str
+    message: str
+
+
+class FatalMsg(msgspec.Struct, tag="fatal"):
+    message: str
+
+
+ToCore = AddMsg | AbortMsg | ShutdownMsg
+FromCore = ReadyMsg | OutputsMsg | RequestErrorMsg | FatalMsg
+
+encoder = msgspec.msgpack.Encoder()
+to_core_decoder = msgspec.msgpack.Decoder(ToCore)
+from_core_decoder = msgspec.msgpack.Decoder(FromCore)
+
+
+def run_core(config: EngineConfig, conn: Connection) -> None:
+    try:
+        core = EngineCore(config)
+    except Exception as exc:  # the client shows the reason; nothing else can run
+        conn.send_bytes(encoder.encode(FatalMsg(f"the engine failed to start: {exc}")))
+        return
+    mc = core.runner.model_config
+    dtype = str(next(core.runner.model.parameters()).dtype).removeprefix("torch.")
+    conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks,
+                                            config.block_size, mc.vocab_size, dtype, core.stats())))
+    try:
+        _loop(core, conn)
+    except (EOFError, OSError, BrokenPipeError):
+        return  # the client went away
+    except Exception:
+        log.error("engine core failed:\n%s", traceback.format_exc())
+        try:
+            conn.send_bytes(encoder.encode(FatalMsg("the engine core failed")))
+        except OSError:
+            pass
+
+
+def _loop(core: EngineCore, conn: Connection) -> None:
+    while True:
+        outputs: list[SeqOutput] = []
+        handled = False
+        timeout = 0 if core.has_work() else None
+        while conn.poll(timeout):
+            msg = to_core_decoder.decode(conn.recv_bytes())
+            if isinstance(msg, ShutdownMsg):
+                return
+            handled = True
+            timeout = 0
+            if isinstance(msg, AddMsg):
+                try:
+                    core.add_request(msg.request)
+                except ValueError as exc:
+                    conn.send_bytes(encoder.encode(RequestErrorMsg(msg.request.request_id, str(exc))))
+            else:
+                outputs.extend(core.abort(msg.request_id, msg.siblings))
+        if core.has_work():
+            outputs.extend(core.step())
+        if outputs or handled:
+            conn.send_bytes(encoder.encode(OutputsMsg(outputs, core.stats())))

@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny random Llama checkpoint made here, and the embedded model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EMBEDDED = Path(__file__).resolve().parent.parent / "tailrace" / "models" / "tiny"
+
+
+def make_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """A random 2-layer Llama with a byte-level BPE tokenizer, saved by `transformers`."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tokenizer_fixtures import IM_END, save_byte_level
+
+    save_byte_level(directory)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=0, eos_token_id=tok.token_to_id(IM_END), tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> str:
+    if not (EMBEDDED / "model.safetensors").exists():
+        pytest.fail("the embedded model is missing: run scripts/train_tiny.py")
+    return str(EMBEDDED)

@@ -1,0 +1,105 @@
+from tailrace.engine.block_manager import BlockManager
+from tailrace.engine.sequence import Sequence
+from tailrace.sampling_params import SamplingParams
+
+
+def make_seq(tokens: list[int], seq_id: int = 0, **params: object) -> Sequence:
+    return Sequence(seq_id, f"r{seq_id}", 0, tokens, SamplingParams(**params), max_tokens=16)
+
+
+def computed(bm: BlockManager, seq: Sequence) -> None:
+    """Pretend the model computed every known token of `seq`."""
+    assert bm.allocate(seq, seq.num_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.register_full_blocks(seq)
+
+
+def test_allocate_takes_ceil_of_tokens_over_block_size():
+    bm = BlockManager(num_blocks=10, block_size=4)
+    seq = make_seq(list(range(9)))
+    assert bm.allocate(seq, 9)
+    assert len(seq.block_table) == 3
+    assert bm.num_free_blocks == 7
+
+
+def test_allocate_fails_without_change_when_short():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    seq = make_seq(list(range(12)))
+    assert not bm.allocate(seq, 12)
+    assert seq.block_table == [] and bm.num_free_blocks == 2
+
+
+def test_release_returns_every_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = make_seq(list(range(10)))
+    computed(bm, seq)
+    bm.release(seq)
+    assert bm.num_free_blocks == 8 and seq.block_table == []
+
+
+def test_same_prefix_reuses_full_blocks_and_reports_cached_tokens():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_seq(list(range(10)), seq_id=0)
+    computed(bm, first)
+    second = make_seq(list(range(10)) + [99, 98], seq_id=1)
+    bm.match_prefix(second)
+    assert second.num_cached_tokens == 8
+    assert second.block_table == first.block_table[:2]
+    assert bm.blocks[first.block_table[0]].ref_count == 2
+
+
+def test_prefix_survives_release_until_block_is_reused():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_seq(list(range(8)) + [7], seq_id=0)
+    computed(bm, first)
+    bm.release(first)
+    again = make_seq(list(range(8)) + [5], seq_id=1)
+    bm.match_prefix(again)
+    assert again.num_cached_tokens == 8
+    assert bm.num_free_blocks == 14
+
+
+def test_whole_cached_prompt_still_leaves_a_token_to_compute():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_seq(list(range(8)), seq_id=0)
+    computed(bm, first)
+    again = make_seq(list(range(8)), seq_id=1)
+    bm.match_prefix(again)
+    assert again.num_cached_tokens == 4
+
+
+def test_different_prefix_is_not_reused():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    computed(bm, make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9], seq_id=0))
+    other = make_seq([1, 2, 3, 0, 5, 6, 7, 8, 9], seq_id=1)
+    bm.match_prefix(other)
+    assert other.num_cached_tokens == 0 and other.block_table == []
+
+
+def test_prompt_logprobs_requests_skip_the_prefix_cache():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    computed(bm, make_seq(list(range(9)), seq_id=0))
+    wants = make_seq(list(range(9)), seq_id=1, prompt_logprobs=0)
+    bm.match_prefix(wants)
+    assert wants.num_cached_tokens == 0
+
+
+def test_reused_free_block_loses_its_hash():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    first = make_seq([1, 2, 3, 4, 5], seq_id=0)
+    computed(bm, first)
+    bm.release(first)
+    filler = make_seq([9] * 8, seq_id=1)
+    assert bm.allocate(filler, 8)
+    bm.release(filler)
+    again = make_seq([1, 2, 3, 4, 5], seq_id=2)
+    bm.match_prefix(again)
+    assert again.num_cached_tokens == 0
+
+
+def test_disabled_prefix_caching_never_matches():
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
+    computed(bm, make_seq(list(range(9)), seq_id=0))
+    again = make_seq(list(range(9)), seq_id=1)
+    bm.match_prefix(again)
+    assert again.num_cached_tokens == 0

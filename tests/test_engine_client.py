@@ -1,0 +1,106 @@
+import asyncio
+import os
+import signal
+
+import pytest
+
+from tailrace.engine.client import EngineClient, EngineDeadError
+from tailrace.engine.config import EngineConfig
+from tailrace.llm import LLM
+from tailrace.sampling_params import SamplingParams
+
+
+def config(path: str, **kwargs: object) -> EngineConfig:
+    return EngineConfig(model=path, threads=1, **kwargs)
+
+
+async def collect(client: EngineClient, rid: str, ids: list[int], params: SamplingParams) -> list:
+    return [delta async for delta in client.generate(rid, ids, params)]
+
+
+def test_deltas_join_to_the_offline_result(tiny_checkpoint):
+    params = SamplingParams(n=2, max_tokens=12, temperature=1.0, seed=3, logprobs=1, ignore_eos=True)
+    ids = [5, 6, 7, 8, 9]
+    offline = LLM(tiny_checkpoint, threads=1).generate([ids], params)[0]
+
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint, in_process=True))
+        try:
+            return await collect(client, "r", ids, params)
+        finally:
+            await client.shutdown()
+
+    deltas = asyncio.run(main())
+    assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
+    for j in range(2):
+        mine = [d.outputs[0] for d in deltas if d.outputs[0].index == j]
+        assert "".join(o.text for o in mine) == offline.outputs[j].text
+        assert [t for o in mine for t in o.token_ids] == offline.outputs[j].token_ids
+        assert sum(len(o.logprobs) for o in mine) == len(offline.outputs[j].token_ids)
+        assert [o.finish_reason for o in mine if o.finish_reason] == ["length"]
+
+
+def test_core_process_serves_and_abort_frees_memory(tiny_checkpoint):
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint))
+        try:
+            idle = client.stats().num_free_blocks
+            stream = client.generate("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+            await stream.__anext__()
+            await stream.__anext__()
+            await stream.aclose()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if client.stats().num_running == 0 and client.stats().num_free_blocks == idle:
+                    break
+            return idle, client.stats()
+        finally:
+            await client.shutdown()
+
+    idle, stats = asyncio.run(main())
+    assert stats.num_running == 0 and stats.num_free_blocks == idle
+
+
+def test_invalid_request_fails_only_itself(tiny_checkpoint):
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint, in_process=True))
+        try:
+            with pytest.raises(ValueError):
+                await collect(client, "bad", [10**7], SamplingParams())
+            good = await collect(client, "good", [5, 6], SamplingParams(max_tokens=3, ignore_eos=True))
+            return good
+        finally:
+            await client.shutdown()
+
+    good = asyncio.run(main())
+    assert good[-1].outputs[0].finish_reason == "length"
+
+
+def test_core_crash_fails_open_requests_instead_of_hanging(tiny_checkpoint):
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint))
+        stream = client.generate("r", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(client._worker.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            async with asyncio.timeout(10):
+                async for _ in stream:
+                    pass
+        assert client.errored and not client.is_ready
+        with pytest.raises(EngineDeadError):
+            await collect(client, "after", [5], SamplingParams())
+        await client.shutdown()
+
+    asyncio.run(main())
+
+
+def test_stop_string_finishes_one_choice_and_reports_it(tiny_checkpoint):
+    llm = LLM(tiny_checkpoint, threads=1)
+    greedy = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    text = llm.generate([[5, 6, 7]], greedy)[0].outputs[0].text
+    stop = text[4:6]
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
+                                                  stop=[stop]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[:text.index(stop)]
+    assert llm.core.blocks.num_free_blocks == llm.core.blocks.num_blocks

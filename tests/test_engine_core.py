@@ -1,0 +1,155 @@
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.sampling_params import SamplingParams
+
+
+def make_core(path: str, **kwargs: object) -> EngineCore:
+    return EngineCore(EngineConfig(model=path, dtype="float32", **kwargs))
+
+
+def run(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[list[int]]]:
+    """Drive the core to completion; token ids per request and choice."""
+    out = {rid: [[] for _ in range(p.n)] for rid, (_, p) in requests.items()}
+    for rid, (ids, params) in requests.items():
+        core.add_request(EngineRequest(rid, ids, params))
+    while core.has_work():
+        for o in core.step():
+            out[o.request_id][o.sibling].extend(o.new_token_ids)
+    return out
+
+
+def hf_greedy(path: str, ids: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    gen = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    return gen[0, len(ids):].tolist()
+
+
+def prompts(k: int, seed: int = 0, vocab: int = 300) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(3, 40))] for _ in range(k)]
+
+
+def test_greedy_matches_transformers_alone_and_in_a_batch_of_32(tiny_checkpoint):
+    core = make_core(tiny_checkpoint)
+    ps = prompts(32)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    batched = run(core, {str(i): (p, params) for i, p in enumerate(ps)})
+    for i in range(5):
+        want = hf_greedy(tiny_checkpoint, ps[i], 12)
+        assert batched[str(i)][0] == want
+        assert run(core, {"solo": (ps[i], params)})["solo"][0] == want
+
+
+def test_chunked_prefill_gives_the_same_tokens(tiny_checkpoint):
+    ps = prompts(6, seed=1)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    whole = run(make_core(tiny_checkpoint), {str(i): (p, params) for i, p in enumerate(ps)})
+    chunked = run(make_core(tiny_checkpoint, max_num_batched_tokens=7),
+                  {str(i): (p, params) for i, p in enumerate(ps)})
+    assert whole == chunked
+
+
+def test_preemption_under_memory_pressure_gives_the_same_tokens(tiny_checkpoint):
+    ps = prompts(8, seed=2)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    roomy = run(make_core(tiny_checkpoint), {str(i): (p, params) for i, p in enumerate(ps)})
+    tight = make_core(tiny_checkpoint, num_kv_blocks=8, block_size=8)
+    assert run(tight, {str(i): (p, params) for i, p in enumerate(ps)}) == roomy
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.blocks.num_free_blocks == 8
+
+
+def test_same_seed_gives_same_tokens_whatever_the_batch(tiny_checkpoint):
+    core = make_core(tiny_checkpoint)
+    p = prompts(1, seed=3)[0]
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=1234, ignore_eos=True)
+    alone = run(core, {"a": (p, seeded)})["a"][0]
+    others = {str(i): (q, SamplingParams(max_tokens=10, temperature=1.0)) for i, q in enumerate(prompts(7, seed=4))}
+    crowd = run(core, {**others, "a": (p, seeded)})["a"][0]
+    assert alone == crowd
+
+
+def test_n_siblings_share_the_prompt_blocks(tiny_checkpoint):
+    core = make_core(tiny_checkpoint, block_size=4)
+    p = prompts(1, seed=5)[0] + list(range(3, 30))
+    params = SamplingParams(n=4, max_tokens=5, temperature=1.0, seed=7, ignore_eos=True)
+    core.add_request(EngineRequest("r", p, params))
+    cached = {}
+    while core.has_work():
+        for o in core.step():
+            cached.setdefault(o.sibling, o.num_cached_tokens)
+    assert cached[0] == 0
+    assert all(cached[j] == (len(p) - 1) // 4 * 4 for j in (1, 2, 3))
+
+
+def test_max_tokens_zero_returns_prompt_logprobs_and_no_tokens(tiny_checkpoint):
+    core = make_core(tiny_checkpoint)
+    p = prompts(1, seed=6)[0]
+    core.add_request(EngineRequest("r", p, SamplingParams(max_tokens=0, prompt_logprobs=2)))
+    outs = []
+    while core.has_work():
+        outs.extend(core.step())
+    assert len(outs) == 1
+    assert outs[0].finish_reason == "length" and outs[0].new_token_ids == []
+    assert len(outs[0].prompt_logprobs) == len(p) - 1
+
+
+def test_abort_frees_memory_immediately(tiny_checkpoint):
+    core = make_core(tiny_checkpoint)
+    free = core.blocks.num_free_blocks
+    core.add_request(EngineRequest("r", prompts(1)[0], SamplingParams(max_tokens=50, ignore_eos=True)))
+    core.step()
+    assert core.blocks.num_free_blocks < free
+    outs = core.abort("r")
+    assert [o.finish_reason for o in outs] == ["abort"]
+    assert core.blocks.num_free_blocks == free and not core.has_work()
+
+
+def test_stop_token_ids_finish_with_stop_reason(tiny_checkpoint):
+    core = make_core(tiny_checkpoint)
+    p = prompts(1, seed=8)[0]
+    first = run(core, {"a": (p, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))})["a"][0]
+    core.add_request(EngineRequest("b", p, SamplingParams(max_tokens=5, temperature=0, stop_token_ids=[first[2]])))
+    outs = []
+    while core.has_work():
+        outs.extend(core.step())
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == first[2]
+    assert [t for o in outs for t in o.new_token_ids] == first[:first.index(first[2]) + 1]
+
+
+@pytest.mark.parametrize("bad", [[], [10**6]])
+def test_invalid_prompt_is_refused(tiny_checkpoint, bad):
+    core = make_core(tiny_checkpoint)
+    with pytest.raises(ValueError):
+        core.add_request(EngineRequest("r", bad, SamplingParams()))
+
+
+def test_free_memory_returns_to_start_after_1000_mixed_requests(tiny_checkpoint):
+    core = make_core(tiny_checkpoint, num_kv_blocks=24, block_size=4, max_num_seqs=16, max_num_batched_tokens=64)
+    start = core.blocks.num_free_blocks
+    rng = random.Random(9)
+    ps = prompts(50, seed=10)
+    live: list[str] = []
+    for i in range(1000):
+        params = SamplingParams(n=rng.choice([1, 1, 2]), max_tokens=rng.randrange(0, 24),
+                                temperature=rng.choice([0, 1.0]), ignore_eos=rng.random() < 0.5,
+                                prompt_logprobs=rng.choice([None, None, 1]))
+        core.add_request(EngineRequest(str(i), rng.choice(ps), params))
+        live.append(str(i))
+        if rng.random() < 0.5:
+            core.step()
+        if rng.random() < 0.2:
+            core.abort(live.pop(rng.randrange(len(live))))
+    while core.has_work():
+        core.step()
+    assert core.scheduler.num_preemptions > 0
+    assert core.blocks.num_free_blocks == start
+    assert all(b.ref_count == 0 for b in core.blocks.blocks)
+    assert core.requests == {}
