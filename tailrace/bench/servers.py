@@ -1,0 +1,89 @@
+"""Server processes that a benchmark starts itself: launch, wait for /health, stop for sure.
+
+Each server runs in its own session, so a Ctrl-C at the terminal reaches only the benchmark,
+which then stops the servers in order (SIGTERM to the server's process group, SIGKILL after a grace
+period) instead of leaving half-stopped engines behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tailrace.bench.serve import BenchError
+
+STOP_GRACE_S = 15.0
+LOG_TAIL_CHARS = 3000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A started server: its name, URL and log; use as a context manager so it is always stopped."""
+
+    def __init__(self, name: str, command: list[str], url: str, log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.url = url
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def log_tail(self) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-LOG_TAIL_CHARS:]
+
+    def is_ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise BenchError(f"{self.name} exited with {self.process.returncode} before it was ready:\n"
+                             f"{self.log_tail()}")
+        try:
+            return httpx.get(self.url + "/health", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False  # not listening yet
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        self._signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.process.wait()
+
+    def _signal(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)  # the group is the server and its children only
+        except ProcessLookupError:
+            pass  # it exited in the meantime
+
+
+def wait_ready(servers: list[ServerProcess], timeout_s: float) -> None:
+    """Until every server answers /health with 200; they load side by side."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(servers)
+    while waiting:
+        waiting = [server for server in waiting if not server.is_ready()]
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(server.name for server in waiting)
+            raise BenchError(f"not ready within {timeout_s:.0f} s: {names}\n{waiting[0].log_tail()}")
+        if waiting:
+            time.sleep(0.5)
