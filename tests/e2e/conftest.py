@@ -1,0 +1,130 @@
+"""One real `tailrace serve` process for the whole e2e session, reached over loopback HTTP.
+
+Import note: tests/ has no __init__.py, so pytest (rootdir-based "prepend" import mode) puts tests/
+on sys.path and imports the root conftest as the module `conftest`; this directory is the package
+`e2e` (it has an __init__.py), so its conftest is `e2e.conftest` and the two never collide.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before any litellm import: no network here
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import EMBEDDED, make_tiny_checkpoint
+
+API_KEY = "test-key"
+MODEL = "tiny"
+MAX_NUM_SEQS = 32
+READY_TIMEOUT_S = 90.0
+STOP_GRACE_S = 10.0
+LOG_TAIL_CHARS = 8000
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_server_log: Path | None = None  # the running server's log, shown with every failed e2e test
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path) -> str:
+    text = path.read_text(errors="replace") if path.exists() else "(no log)"
+    return text[-LOG_TAIL_CHARS:]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The embedded model once it is trained; a tiny random checkpoint until then."""
+    if (EMBEDDED / "model.safetensors").exists():
+        return str(EMBEDDED)
+    return str(make_tiny_checkpoint(tmp_path_factory.mktemp("e2e-tiny")))
+
+
+@pytest.fixture(scope="session")
+def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
+    global _server_log
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
+    command = [sys.executable, "-m", "tailrace", "serve", model_dir, "--host", "127.0.0.1", "--port", str(port),
+               "--api-key", API_KEY, "--served-model-name", MODEL, "--max-num-seqs", str(MAX_NUM_SEQS)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    _server_log = log_path
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(process, url, log_path)
+        yield url
+    finally:
+        _stop(process)
+        _server_log = None
+
+
+def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode} before /health was 200:\n{log_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.1)
+    pytest.fail(f"/health was not 200 within {READY_TIMEOUT_S:.0f} s:\n{log_tail(log_path)}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    report = yield
+    if report.failed and _server_log is not None and "server_url" in getattr(item, "fixturenames", ()):
+        report.sections.append(("server log (tail)", log_tail(_server_log)))
+    return report
+
+
+@pytest.fixture(scope="session")
+def api_base(server_url: str) -> str:
+    """What clients take as base_url."""
+    return f"{server_url}/v1"
+
+
+@pytest.fixture(scope="session")
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def http(server_url: str, auth: dict[str, str]) -> Iterator[httpx.Client]:
+    """Raw HTTP with the key, for what the SDKs hide (headers, framing, bodies)."""
+    with httpx.Client(base_url=server_url, headers=auth, timeout=60.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def max_model_len(http: httpx.Client) -> int:
+    return http.get("/v1/models").json()["data"][0]["max_model_len"]
