@@ -1,4 +1,4 @@
-"""KVCache: paged writes, per-sequence mirrors and causal attention over a flat batch."""
+"""KVCache: paged writes, the slot slab and causal attention over a flat batch."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 4, 2, 8, 4, 32
 
 
-def make_cache() -> KVCache:
-    return KVCache(LAYERS, KV_HEADS, HEAD_DIM, NUM_BLOCKS, BLOCK_SIZE, torch.float32)
+def make_cache(max_seqs: int = 8) -> KVCache:
+    return KVCache(LAYERS, KV_HEADS, HEAD_DIM, NUM_BLOCKS, BLOCK_SIZE, torch.float32, max_seqs=max_seqs)
 
 
 def sequential_tables(lengths: list[int]) -> list[list[int]]:
@@ -120,6 +120,75 @@ def test_released_sequence_is_rebuilt_from_pages():
     cache.release(0)
     out = run_step(cache, make_batch([(0, 6, 1, table)]), q[6:], k[6:], v[6:])
     torch.testing.assert_close(out[0], reference(q, k, v)[6:])
+
+
+def rows_of(data: list[tuple[torch.Tensor, ...]], spans: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """q, k, v rows [start, end) of each sequence's data, concatenated in batch order."""
+    return [torch.cat([d[i][start:end] for d, (start, end) in zip(data, spans)]) for i in range(3)]
+
+
+def test_decode_rows_in_another_order_than_their_slots_match_reference():
+    cache = make_cache()
+    lengths = [9, 2, 6, 4]
+    tables = sequential_tables([n + 1 for n in lengths])
+    data = [qkv(n + 1, seed=20 + i) for i, n in enumerate(lengths)]
+    for key, (n, table, (q, k, v)) in enumerate(zip(lengths, tables, data)):
+        run_step(cache, make_batch([(key, 0, n, table)]), q[:n], k[:n], v[:n])
+    order = [2, 0, 3, 1]
+    batch = make_batch([(key, lengths[key], 1, tables[key]) for key in order])
+    q, k, v = rows_of([data[key] for key in order], [(lengths[key], lengths[key] + 1) for key in order])
+    out = run_step(cache, batch, q, k, v)
+    for row, key in enumerate(order):
+        for layer in range(LAYERS):
+            torch.testing.assert_close(out[layer][row], reference(*data[key])[-1])
+
+
+def test_reused_slot_does_not_leak_the_released_sequence():
+    cache = make_cache(max_seqs=2)
+    old_q, old_k, old_v = qkv(14, seed=30)
+    run_step(cache, make_batch([(0, 0, 14, [0, 1, 2, 3])]), old_q, old_k, old_v)
+    q, k, v = qkv(5, seed=31)
+    run_step(cache, make_batch([(1, 0, 4, [5])]), q[:4], k[:4], v[:4])
+    cache.release(0)
+    # Key 2 takes the freed slot 0 with a shorter context, read from key 1's pages (a prefix hit).
+    out = run_step(cache, make_batch([(2, 4, 1, [5, 6])]), q[4:], k[4:], v[4:])
+    torch.testing.assert_close(out[0], reference(q, k, v)[4:])
+
+
+def test_capacity_growth_within_a_step_keeps_earlier_tokens():
+    cache = make_cache()
+    capacity = cache.capacity
+    short = qkv(capacity, seed=40)
+    long = qkv(capacity + 5, seed=41)
+    tables = sequential_tables([capacity, capacity + 5])
+    run_step(cache, make_batch([(0, 0, capacity - 1, tables[0])]), *(t[:-1] for t in short))
+    batch = make_batch([(0, capacity - 1, 1, tables[0]), (1, 0, capacity + 5, tables[1])])
+    q, k, v = rows_of([short, long], [(capacity - 1, capacity), (0, capacity + 5)])
+    out = run_step(cache, batch, q, k, v)
+    assert cache.capacity > capacity
+    torch.testing.assert_close(out[1][0], reference(*short)[-1])
+    torch.testing.assert_close(out[1][1:], reference(*long))
+
+
+def test_prefilling_slots_between_decoding_slots_are_not_disturbed():
+    cache = make_cache()
+    tables = sequential_tables([6, 12, 5, 8])
+    data = [qkv(n, seed=50 + i) for i, n in enumerate([6, 12, 5, 8])]
+    run_step(cache, make_batch([(0, 0, 5, tables[0])]), *(t[:5] for t in data[0]))
+    run_step(cache, make_batch([(1, 0, 7, tables[1])]), *(t[:7] for t in data[1]))
+    run_step(cache, make_batch([(2, 0, 4, tables[2])]), *(t[:4] for t in data[2]))
+    # Slot 1 continues its prefill and slot 3 starts one while slots 0 and 2 decode.
+    parts = [(0, 5, 1, tables[0]), (1, 7, 5, tables[1]), (2, 4, 1, tables[2]), (3, 0, 8, tables[3])]
+    spans = [(past, past + q_len) for _, past, q_len, _ in parts]
+    out = run_step(cache, make_batch(parts), *rows_of(data, spans))[1]
+    expected = [reference(*d)[start:] for d, (start, _) in zip(data, spans)]
+    torch.testing.assert_close(out, torch.cat(expected))
+
+
+def test_more_running_sequences_than_max_seqs_raises():
+    cache = make_cache(max_seqs=2)
+    with pytest.raises(RuntimeError, match="max_seqs"):
+        cache.begin(make_batch([(key, 0, 1, [key]) for key in range(3)]))
 
 
 def test_attend_without_begin_raises():

@@ -41,7 +41,8 @@ class ModelRunner:
         if self.num_blocks < 1:
             raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
         self.cache = KVCache(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
-                             self.num_blocks, config.block_size, dtype, config.device)
+                             self.num_blocks, config.block_size, dtype, config.device,
+                             max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         self.shared_generator = make_generator(config.seed)
 
     def release(self, seq_id: int) -> None:

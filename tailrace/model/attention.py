@@ -2,21 +2,23 @@
 
 The paged tensors `k[layer]`, `v[layer]` ([num_blocks * block_size, kv_heads, head_dim]) are the
 source of truth: every step writes the new tokens into them, so blocks can be shared through
-the engine's prefix cache. Attention itself reads a contiguous per-sequence mirror of those
-pages, because on small CPUs gathering pages into a padded tensor each decode step measured
-about 8x slower than attention over contiguous per-sequence views. A mirror is filled from the
-pages only when a sequence starts with K/V it did not compute itself (a prefix-cache hit, or a
-resume after preemption); after that it grows by appends.
+the engine's prefix cache. Attention itself reads a slot slab: each running sequence owns one
+slot, a contiguous row of K/V per layer, so the decode rows of every sequence attend in one
+batched call per layer. Gathering pages into a padded tensor each step measured about 8x slower
+on small CPUs, and one call per sequence is dominated by per-call overhead at large batches. A
+slot is filled from the pages only when a sequence starts with K/V it did not compute itself (a
+prefix-cache hit, or a resume after preemption); after that it grows by appends.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-_MIN_MIRROR_CAPACITY = 16
+_MIN_SLAB_CAPACITY = 16
 
 
 @dataclass(slots=True)
@@ -35,22 +37,41 @@ class AttentionBatch:
 
 
 @dataclass(slots=True)
-class _Mirror:
-    kv: torch.Tensor  # [num_layers, 2, kv_heads, capacity, head_dim]
-    length: int  # positions [0, length) hold valid K/V
+class _Prefill:
+    slot: int
+    q_start: int
+    q_end: int
+    kv_len: int
+    mask: torch.Tensor | None  # lower-right causal mask; only for a chunk after cached tokens
 
 
 @dataclass(slots=True)
-class _SeqStep:
-    mirror: _Mirror
-    q_start: int
-    q_end: int
-    past: int
-    kv_len: int
-    mask: torch.Tensor | None  # lower-right causal mask; only for a prefill chunk after cached tokens
+class _Decode:
+    rows: torch.Tensor  # [N] rows of the flat batch that decode
+    slots: torch.Tensor  # [N] their slots
+    mask: torch.Tensor  # [S, 1, 1, max_len]: per slot, the positions its query may see
+
+
+@dataclass(slots=True)
+class _Step:
+    """What `begin` prepares once for all layers of one step."""
+
+    batch: AttentionBatch
+    row_slots: torch.Tensor  # [T] slot of each new token
+    row_positions: torch.Tensor  # [T] its position in the sequence
+    decode: _Decode | None
+    prefills: list[_Prefill]
 
 
 class KVCache:
+    """Paged K/V (the source of truth) plus the slot slab that attention reads.
+
+    Memory: the pages take `num_blocks * bytes_per_block(...)`. The slab takes
+    max_seqs x capacity x 2 (K and V) x num_layers x kv_heads x head_dim x dtype size on top, where
+    capacity is the longest sequence seen so far rounded up to a power of two (at least 16, at
+    most max_model_len); it never shrinks.
+    """
+
     def __init__(
         self,
         num_layers: int,
@@ -60,6 +81,8 @@ class KVCache:
         block_size: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        max_seqs: int = 64,
+        max_model_len: int | None = None,  # None: as many tokens as the pages hold
     ) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -68,119 +91,170 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.device = torch.device(device)
+        self.max_seqs = max_seqs
+        self.max_model_len = max_model_len or num_blocks * block_size
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._mirrors: dict[int, _Mirror] = {}
-        self._batch: AttentionBatch | None = None
-        self._steps: list[_SeqStep] = []
+        # [layers, max_seqs, kv_heads, capacity, head_dim]: a slot's heads are contiguous runs of
+        # positions, so both the batched decode and a prefill chunk read plain views. Zeros, not
+        # empty: masked positions still enter the score product, and garbage could be NaN.
+        self.slab_k = self._new_slab(min(_MIN_SLAB_CAPACITY, self.max_model_len))
+        self.slab_v = torch.zeros_like(self.slab_k)
+        self._slot_of: dict[int, int] = {}
+        self._free_slots = list(range(max_seqs))  # a heap: the lowest slot goes first
+        self._slot_len = [0] * max_seqs  # positions [0, len) of a slot hold valid K/V
+        self._step: _Step | None = None
 
     @staticmethod
     def bytes_per_block(
         num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
     ) -> int:
-        """Bytes of paged K and V storage for one block across all layers (mirrors not included)."""
+        """Bytes of paged K and V storage for one block across all layers (the slab not included)."""
         return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+
+    @property
+    def capacity(self) -> int:
+        return self.slab_k.shape[3]
 
     @torch.inference_mode()
     def begin(self, batch: AttentionBatch) -> None:
-        """Prepare each sequence's mirror to hold exactly its cached tokens before this step."""
-        steps = []
+        """Give each sequence a slot holding exactly its cached tokens, and plan the step's attention."""
+        self._grow(max((seq.kv_len for seq in batch.seqs), default=0))
+        row_slots, row_positions, prefills, decoding = [], [], [], []
         for seq in batch.seqs:
+            slot = self._slot_for(seq.key)
             past = seq.kv_len - seq.q_len
-            mirror = self._mirror_with_capacity(seq.key, seq.kv_len)
-            if mirror.length < past:
-                self._fill_from_pages(mirror, seq.block_table, past)
-            mirror.length = past
-            steps.append(
-                _SeqStep(
-                    mirror=mirror,
-                    q_start=seq.q_start,
-                    q_end=seq.q_start + seq.q_len,
-                    past=past,
-                    kv_len=seq.kv_len,
-                    mask=self._chunk_mask(past, seq.q_len),
-                )
-            )
-        self._batch = batch
-        self._steps = steps
+            if self._slot_len[slot] < past:
+                self._fill_from_pages(slot, seq.block_table, past)
+            self._slot_len[slot] = past
+            row_slots += [slot] * seq.q_len
+            row_positions += range(past, seq.kv_len)
+            if seq.q_len == 1:
+                decoding.append((seq.q_start, slot, seq.kv_len))
+            else:
+                mask = self._chunk_mask(past, seq.q_len)
+                prefills.append(_Prefill(slot, seq.q_start, seq.q_start + seq.q_len, seq.kv_len, mask))
+        self._step = _Step(
+            batch=batch,
+            row_slots=self._index(row_slots),
+            row_positions=self._index(row_positions),
+            decode=self._plan_decode(decoding) if decoding else None,
+            prefills=prefills,
+        )
 
     @torch.inference_mode()
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence."""
-        if batch is not self._batch:
+        step = self._step
+        if step is None or batch is not step.batch:
             raise RuntimeError("KVCache.begin(batch) must be called with this batch before the forward")
         self.k[layer].index_copy_(0, batch.slot_mapping, k)
         self.v[layer].index_copy_(0, batch.slot_mapping, v)
-        new_kv = torch.stack((k, v)).transpose(1, 2)  # [2, kvH, T, D]
+        slab_k, slab_v = self.slab_k[layer], self.slab_v[layer]
+        slab_k[step.row_slots, :, step.row_positions] = k
+        slab_v[step.row_slots, :, step.row_positions] = v
         out = q.new_empty(q.shape)
-        scaled_q = q * q.shape[-1] ** -0.5  # once for all decode rows, not once per sequence
-        for step in self._steps:
-            kv = step.mirror.kv[layer]
-            kv[:, :, step.past : step.kv_len] = new_kv[:, :, step.q_start : step.q_end]
-            keys, values = kv[0, :, : step.kv_len], kv[1, :, : step.kv_len]
-            if step.q_end - step.q_start == 1:
-                _decode_attention(scaled_q[step.q_start], keys, values, out[step.q_start])
-            else:
-                out[step.q_start : step.q_end] = _prefill_attention(
-                    q[step.q_start : step.q_end], keys, values, step.mask
-                )
+        if step.decode is not None:
+            _decode_attention(q, slab_k, slab_v, step.decode, out)
+        for p in step.prefills:
+            out[p.q_start : p.q_end] = _prefill_attention(
+                q[p.q_start : p.q_end], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask
+            )
         if layer == self.num_layers - 1:
-            for step in self._steps:
-                step.mirror.length = step.kv_len
+            for seq in batch.seqs:
+                self._slot_len[self._slot_of[seq.key]] = seq.kv_len
         return out
 
     def release(self, key: int) -> None:
-        """The sequence finished, was aborted or preempted: drop its mirror (its pages stay)."""
-        self._mirrors.pop(key, None)
+        """The sequence finished, was aborted or preempted: free its slot (its pages stay)."""
+        slot = self._slot_of.pop(key, None)
+        if slot is not None:
+            self._slot_len[slot] = 0
+            heapq.heappush(self._free_slots, slot)
 
-    def _mirror_with_capacity(self, key: int, kv_len: int) -> _Mirror:
-        mirror = self._mirrors.get(key)
-        if mirror is not None and mirror.kv.shape[3] >= kv_len:
-            return mirror
-        capacity = _MIN_MIRROR_CAPACITY if mirror is None else mirror.kv.shape[3]
+    def _slot_for(self, key: int) -> int:
+        slot = self._slot_of.get(key)
+        if slot is None:
+            if not self._free_slots:
+                raise RuntimeError(f"more than max_seqs={self.max_seqs} sequences hold a KV cache slot")
+            slot = self._slot_of[key] = heapq.heappop(self._free_slots)
+        return slot
+
+    def _new_slab(self, capacity: int) -> torch.Tensor:
+        shape = (self.num_layers, self.max_seqs, self.num_kv_heads, capacity, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _grow(self, kv_len: int) -> None:
+        """Double the capacity until kv_len fits, keeping the K/V of the slots in use."""
+        if kv_len <= self.capacity:
+            return
+        if kv_len > self.max_model_len:
+            raise ValueError(f"a sequence of {kv_len} tokens is over max_model_len={self.max_model_len}")
+        capacity = self.capacity
         while capacity < kv_len:
             capacity *= 2
-        kv = torch.empty(
-            (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device
-        )
-        length = 0
-        if mirror is not None:
-            length = mirror.length
-            kv[:, :, :, :length] = mirror.kv[:, :, :, :length]
-        grown = _Mirror(kv=kv, length=length)
-        self._mirrors[key] = grown
-        return grown
+        capacity = min(capacity, self.max_model_len)
+        used = max(self._slot_of.values(), default=-1) + 1
+        old_k, old_v = self.slab_k, self.slab_v
+        self.slab_k, self.slab_v = self._new_slab(capacity), self._new_slab(capacity)
+        self.slab_k[:, :used, :, : old_k.shape[3]] = old_k[:, :used]
+        self.slab_v[:, :used, :, : old_v.shape[3]] = old_v[:, :used]
 
-    def _fill_from_pages(self, mirror: _Mirror, block_table: list[int], end: int) -> None:
-        positions = torch.arange(mirror.length, end, device=self.device)
-        blocks = torch.tensor(block_table, dtype=torch.int64, device=self.device)
-        slots = blocks[positions // self.block_size] * self.block_size + positions % self.block_size
-        mirror.kv[:, 0, :, mirror.length : end] = self.k[:, slots].transpose(1, 2)
-        mirror.kv[:, 1, :, mirror.length : end] = self.v[:, slots].transpose(1, 2)
-        mirror.length = end
+    def _fill_from_pages(self, slot: int, block_table: list[int], end: int) -> None:
+        start = self._slot_len[slot]
+        positions = torch.arange(start, end, device=self.device)
+        blocks = self._index(block_table)
+        pages = blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+        self.slab_k[:, slot, :, start:end] = self.k[:, pages].transpose(1, 2)
+        self.slab_v[:, slot, :, start:end] = self.v[:, pages].transpose(1, 2)
+        self._slot_len[slot] = end
+
+    def _plan_decode(self, decoding: list[tuple[int, int, int]]) -> _Decode:
+        """decoding: (row, slot, kv_len) per decoding sequence -> metadata shared by every layer."""
+        rows, slots, lengths = zip(*decoding)
+        # Slots that do not decode this step see position 0 only: their softmax stays finite.
+        slot_lengths = [1] * (max(slots) + 1)
+        for slot, length in zip(slots, lengths):
+            slot_lengths[slot] = length
+        positions = torch.arange(max(lengths), device=self.device)
+        mask = positions[None, :] < self._index(slot_lengths)[:, None]
+        return _Decode(rows=self._index(rows), slots=self._index(slots), mask=mask[:, None, None, :])
+
+    def _index(self, values: list[int] | tuple[int, ...]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     def _chunk_mask(self, past: int, q_len: int) -> torch.Tensor | None:
         # SDPA's is_causal aligns top-left, which is only right when there is no cached prefix.
-        if past == 0 or q_len == 1:
+        if past == 0:
             return None
         rows = torch.arange(past, past + q_len, device=self.device)
         cols = torch.arange(past + q_len, device=self.device)
         return cols[None, :] <= rows[:, None]
 
 
-def _decode_attention(scaled_q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> None:
-    """One query row [H, D], already scaled, against keys/values [kvH, S, D], written into out [H, D].
+def _decode_attention(
+    q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tensor, decode: _Decode, out: torch.Tensor
+) -> None:
+    """Every decode row of q [T, H, D] against its slot of slab_k/slab_v, in one call, into out.
 
-    The query heads sharing a KV head are stacked as that head's queries, so GQA needs no
-    expanded K/V; explicit bmm + softmax measured faster than SDPA for a single row on CPU.
+    The rows are scattered to their slots ([S, H, D], zero for slots that do not decode), and the
+    query heads sharing a KV head become that head's G query rows ([S, kvH, G, D]), so GQA needs
+    neither expanded K/V nor SDPA's enable_gqa, which measured slower on CPU.
     """
-    num_kv_heads, _, head_dim = keys.shape
-    scores = torch.bmm(scaled_q.reshape(num_kv_heads, -1, head_dim), keys.transpose(1, 2))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    torch.bmm(weights, values, out=out.view(num_kv_heads, -1, head_dim))
+    num_slots, _, _, max_len = decode.mask.shape
+    num_kv_heads, head_dim = slab_k.shape[1], slab_k.shape[3]
+    slot_q = q.new_zeros((num_slots, q.shape[1], head_dim))
+    slot_q[decode.slots] = q[decode.rows]
+    slot_out = F.scaled_dot_product_attention(
+        slot_q.view(num_slots, num_kv_heads, -1, head_dim),
+        slab_k[:num_slots, :, :max_len],
+        slab_v[:num_slots, :, :max_len],
+        attn_mask=decode.mask,
+    )
+    out[decode.rows] = slot_out.reshape(num_slots, -1, head_dim)[decode.slots]
 
 
 def _prefill_attention(
