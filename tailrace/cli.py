@@ -11,6 +11,9 @@ from dataclasses import fields
 
 from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.engine.config import EngineConfig
+from tailrace.serving.context import ChatOptions
+from tailrace.serving.limits import Limits
+from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
 
 log = logging.getLogger("tailrace")
 
@@ -44,6 +47,53 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
                         in_process=args.in_process, **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 
 
+# Limits field -> (flag, type, help); defaults come from the dataclass.
+_LIMIT_FLAGS = {
+    "max_n": ("--max-n", int, "most choices (n) in one request"),
+    "max_tokens": ("--max-tokens", int, "most tokens one choice may generate, also the default when a request "
+                                        "sets none (default: the context length)"),
+    "max_logprobs": ("--max-logprobs", int, "most logprob alternatives per token"),
+    "max_stop_sequences": ("--max-stop-sequences", int, "most stop strings in one request"),
+    "max_stop_chars": ("--max-stop-chars", int, "longest stop string, in characters"),
+    "max_prompt_tokens": ("--max-prompt-tokens", int, "longest prompt in tokens (default: the context length)"),
+    "max_waiting_seqs": ("--max-waiting-seqs", int, "sequences (one per choice) that may wait beyond "
+                                                    "--max-num-seqs; more answer 429 with retry-after"),
+    "request_timeout_s": ("--request-timeout", float, "abort a request after this many seconds: 408, or an "
+                                                      "in-band error once streaming (default: no limit)"),
+}
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = {f.name: f.default for f in fields(Limits)}
+    for name, (flag, kind, help_text) in _LIMIT_FLAGS.items():
+        shown = "" if defaults[name] is None else f" (default: {defaults[name]})"
+        parser.add_argument(flag, dest=name, type=kind, default=defaults[name], help=help_text + shown)
+    parser.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                        help="largest request body; more answers 413 (default: 4 MiB)")
+    parser.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
+                        help="on SIGTERM/SIGINT, seconds running requests may take to finish (default: 30)")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(max_num_seqs=args.max_num_seqs, **{name: getattr(args, name) for name in _LIMIT_FLAGS})
+
+
+def add_chat_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tool-call-parser", choices=[*TOOL_PARSERS, "auto"], default="auto",
+                        help="the format the model writes tool calls in; auto: the one its chat template "
+                             "shows (default: auto)")
+    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+                        help="think: thinking inside <think>...</think> goes to the reasoning field, not "
+                             "the content (default: off)")
+    parser.add_argument("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
+                        help="the message and delta field for the thinking (default: reasoning_content)")
+
+
+def chat_options_from(args: argparse.Namespace) -> ChatOptions:
+    return ChatOptions(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                       reasoning_field=args.reasoning_field)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-public", action="store_true", help="/metrics needs no key")
     serve.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin")
     serve.add_argument("--log-level", default="info")
+    # One log line per request cost ~7% of the API process's CPU under load (py-spy), so it is opt-in.
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_flags(serve)
+    add_limit_flags(serve)
+    add_chat_flags(serve)
     add_bench_parser(sub)
     return parser
 
@@ -78,37 +132,36 @@ async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tailrace.api.app import ServerConfig, build_app
-    from tailrace.engine.client import EngineClient, EngineDeadError
+    from tailrace.api.server import run_server
+    from tailrace.engine.client import EngineClient
     from tailrace.tokenizer import load_tokenizer
 
     config = engine_config_from(args)
+    limits = limits_from(args)
     try:
         config.validate()
+        limits.validate()
     except ValueError as exc:
         log.error("%s", exc)
         return 2
     name = args.served_model_name or os.path.basename(os.path.normpath(config.model_path))
     engine = EngineClient(config, load_tokenizer(config.model_path))
     app = build_app(engine, ServerConfig(served_model_name=name, api_key=args.api_key,
-                                         metrics_public=args.metrics_public, cors_origins=args.cors_origin))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=30))
-    serving = asyncio.create_task(server.serve())
-    try:
-        await engine.launch()
-    except EngineDeadError as exc:
-        log.error("%s", exc)
-        server.should_exit = True
-        await serving
-        return 1
-    info = engine.info
-    log.info("model %s (%s) from %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
-             name, "embedded" if args.model is None else "local", config.model_path, info.dtype,
-             info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
-    log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
-    await serving
-    await engine.shutdown()
-    return 0
+                                         max_body_bytes=args.max_body_bytes, metrics_public=args.metrics_public,
+                                         cors_origins=args.cors_origin, limits=limits,
+                                         chat=chat_options_from(args)))
+
+    def log_ready() -> None:
+        info = engine.info
+        log.info("model %s (%s) from %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
+                 name, "embedded" if args.model is None else "local", config.model_path, info.dtype,
+                 info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
+        log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
+
+    return await run_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=args.access_log,
+                                           timeout_graceful_shutdown=args.graceful_shutdown_timeout),
+                            engine, on_ready=log_ready)
 
 
 if __name__ == "__main__":

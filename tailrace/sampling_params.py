@@ -17,6 +17,28 @@ class SamplingParamsError(ValueError):
 
 
 @dataclass(slots=True)
+class StructuredSpec:
+    """A grammar the generated text must follow, enforced token by token in the engine core.
+
+    Plain strings only, so that it crosses the pipe to the core as msgpack.
+    """
+
+    json_schema: str  # the JSON Schema as JSON text; '{"type": "object"}' for any object
+
+
+@dataclass(slots=True)
+class ThinkTokens:
+    """The token ids that open and close a model's thinking. With these set, stop strings and the
+    structured-output grammar apply to the answer only, not to the thinking before it."""
+
+    open_id: int
+    close_id: int
+    # True: the prompt ends inside a think block, so the output starts thinking. False: the first
+    # generated token decides (the open id starts thinking; anything else starts the answer).
+    open_at_start: bool = False
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -37,6 +59,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: none; k >= 0: the sampled token plus k alternatives
     prompt_logprobs: int | None = None
+    structured: StructuredSpec | None = None  # None: unconstrained
+    thinking: ThinkTokens | None = None  # None: the whole output is the answer
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

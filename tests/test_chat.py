@@ -203,7 +203,7 @@ def test_prompt_that_fills_the_context_is_refused_without_max_tokens():
 
 def test_unsupported_field_is_refused():
     with pytest.raises(OpenAIError) as err:
-        chat(engine(), response_format={"type": "json_object"})
+        chat(engine(), audio={"voice": "alloy", "format": "wav"})
     assert err.value.code == "unsupported_parameter"
 
 

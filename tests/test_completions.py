@@ -267,10 +267,10 @@ def test_engine_dying_during_a_non_stream_request_gives_503():
     assert err.value.status == 503
 
 
-def test_engine_dying_mid_stream_propagates_from_the_iterator():
-    from tailrace.engine.client import EngineDeadError
-    with pytest.raises(EngineDeadError):
+def test_engine_dying_mid_stream_raises_engine_unavailable_from_the_iterator():
+    with pytest.raises(OpenAIError) as caught:
         complete(engine(fail_after=2), stream=True)
+    assert (caught.value.status, caught.value.code) == (503, "engine_unavailable")
 
 
 def test_closing_the_stream_aborts_every_engine_request():

@@ -4,7 +4,8 @@ import signal
 
 import pytest
 
-from tailrace.engine.client import EngineClient, EngineDeadError
+from tailrace.engine.client import EngineClient, EngineDeadError, RequestFailedError
+from tailrace.engine.output_processor import OutputProcessor
 from tailrace.engine.config import EngineConfig
 from tailrace.llm import LLM
 from tailrace.sampling_params import SamplingParams
@@ -104,3 +105,48 @@ def test_stop_string_finishes_one_choice_and_reports_it(tiny_checkpoint):
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == text[:text.index(stop)]
     assert llm.core.blocks.num_free_blocks == llm.core.blocks.num_blocks
+
+
+def test_a_fault_processing_one_request_fails_only_that_request(tiny_checkpoint, monkeypatch):
+    original = OutputProcessor._choice_delta
+
+    def fail_for_marked(self, state, out, result):
+        if state.request_id == "faulty":
+            raise RuntimeError("injected")
+        return original(self, state, out, result)
+
+    monkeypatch.setattr(OutputProcessor, "_choice_delta", fail_for_marked)
+
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint, in_process=True))
+        try:
+            params = SamplingParams(max_tokens=12, ignore_eos=True)
+            good, bad = await asyncio.gather(collect(client, "good", [5, 6], params),
+                                             collect(client, "faulty", [5, 6], params), return_exceptions=True)
+            for _ in range(100):  # the core was told to drop the faulty request
+                if client.stats().num_running == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return good, bad, client.is_ready, client.stats().num_running
+        finally:
+            await client.shutdown()
+
+    good, bad, ready, running = asyncio.run(main())
+    assert isinstance(bad, RequestFailedError)
+    assert good[-1].outputs[0].finish_reason == "length" and sum(len(d.outputs[0].token_ids) for d in good) == 12
+    assert ready and running == 0
+
+
+def test_death_is_announced_to_waiters(tiny_checkpoint):
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint))
+        waiter = asyncio.create_task(client.wait_dead())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        os.kill(client._worker.pid, signal.SIGKILL)
+        async with asyncio.timeout(10):
+            reason = await waiter
+        await client.shutdown()
+        return reason
+
+    assert "exited" in asyncio.run(main())

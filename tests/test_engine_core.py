@@ -153,3 +153,11 @@ def test_free_memory_returns_to_start_after_1000_mixed_requests(tiny_checkpoint)
     assert core.blocks.num_free_blocks == start
     assert all(b.ref_count == 0 for b in core.blocks.blocks)
     assert core.requests == {}
+
+
+def test_n_choices_that_cannot_fit_the_cache_together_are_refused(tiny_checkpoint):
+    core = make_core(tiny_checkpoint, num_kv_blocks=8, block_size=8)
+    prompt = list(range(3, 19))  # two full blocks, shared by the siblings
+    core.add_request(EngineRequest("fits", prompt, SamplingParams(n=3, max_tokens=16)))  # 2 + 3 * 2 blocks
+    with pytest.raises(ValueError, match="KV blocks"):
+        core.add_request(EngineRequest("too-many", prompt, SamplingParams(n=4, max_tokens=16)))  # 2 + 4 * 2

@@ -113,8 +113,8 @@ def test_empty_messages_maps_to_empty_array():
 
 
 def test_cross_field_rule_keeps_its_own_param_and_code():
-    err = mapped(CompletionRequest, {"model": "m", "prompt": "x", "stop": ["a"] * 5})
-    assert (err.param, err.code) == ("stop", "array_above_max_length")
+    err = mapped(CompletionRequest, {"model": "m", "prompt": "x", "min_tokens": 5, "max_tokens": 2})
+    assert (err.param, err.code) == ("min_tokens", "invalid_value")
 
 
 def test_format_path_drops_union_member_tags():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import importlib.metadata
 import logging
@@ -20,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tailrace.api.openapi import json_body, openapi_document
 from tailrace.api.sse import aclose, sse_stream
 from tailrace.engine.client import EngineClient, EngineDeadError
 from tailrace.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -27,7 +30,8 @@ from tailrace.metrics import ServerMetrics
 from tailrace.serving.chat import create_chat_completion
 from tailrace.serving.choices import check_token_ids
 from tailrace.serving.completions import create_completion
-from tailrace.serving.context import RequestContext
+from tailrace.serving.context import ChatOptions, RequestContext
+from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
                                      invalid_api_key, invalid_json, invalid_request, model_not_found,
                                      payload_too_large)
@@ -47,6 +51,8 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     metrics_public: bool = False  # True: /metrics needs no key even when api_key is set
     cors_origins: list[str] = field(default_factory=list)  # empty: CORS off
+    limits: Limits = field(default_factory=Limits)
+    chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
 
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
@@ -54,7 +60,8 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(config.served_model_name)
     require_key = [Depends(_bearer_check(config.api_key))] if config.api_key else []
     app.include_router(_openai_routes(engine, config, metrics), dependencies=require_key)
-    app.include_router(_status_routes(engine))
+    app.include_router(_openapi_route(app, config), dependencies=require_key)
+    app.include_router(_status_routes(engine, require_key))
     app.include_router(_metrics_route(engine, metrics), dependencies=[] if config.metrics_public else require_key)
     _add_error_handlers(app)
     # Pure ASGI middlewares (no BaseHTTPMiddleware: it buffers and breaks streaming). Last added runs first.
@@ -72,21 +79,23 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
     router = APIRouter()
     served = config.served_model_name
     created = int(time.time())
+    admission = Admission(config.limits)
 
     def context(request: Request) -> RequestContext:
-        return RequestContext(request_id=request.state.request_id, model_name=served, metrics=metrics)
+        return RequestContext(request_id=request.state.request_id, model_name=served, metrics=metrics,
+                              limits=config.limits, admission=admission, chat=config.chat)
 
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         _check_model(served, body.model)
         _check_ready(engine)
-        return await _respond(create_completion(engine, body, context(request)))
+        return await _respond(request, create_completion(engine, body, context(request)))
 
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         _check_model(served, body.model)
         _check_ready(engine)
-        return await _respond(create_chat_completion(engine, body, context(request)))
+        return await _respond(request, create_chat_completion(engine, body, context(request)))
 
     def model_card() -> dict[str, Any]:
         return {"id": served, "object": "model", "created": created, "owned_by": "tailrace",
@@ -111,17 +120,37 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         check_token_ids(body.tokens, engine.tokenizer.vocab_size, "tokens")
         return _json({"prompt": engine.tokenizer.decode(body.tokens)})
 
-    for prefix in ("/v1", ""):  # clients set base_url with or without /v1
-        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
-        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
-        router.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
-        router.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"])
-    router.add_api_route("/tokenize", tokenize, methods=["POST"])
-    router.add_api_route("/detokenize", detokenize, methods=["POST"])
+    for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
+        documented = prefix == "/v1"
+        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"], include_in_schema=documented,
+                             openapi_extra=json_body(CompletionRequest))
+        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"],
+                             include_in_schema=documented, openapi_extra=json_body(ChatCompletionRequest))
+        router.add_api_route(f"{prefix}/models", list_models, methods=["GET"], include_in_schema=documented)
+        router.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"],
+                             include_in_schema=documented)
+    router.add_api_route("/tokenize", tokenize, methods=["POST"], openapi_extra=json_body(TokenizeRequest))
+    router.add_api_route("/detokenize", detokenize, methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
     return router
 
 
-def _status_routes(engine: EngineClient) -> APIRouter:
+def _openapi_route(app: FastAPI, config: ServerConfig) -> APIRouter:
+    """GET /openapi.json, behind the key like every route but /health: the document is built once."""
+    router = APIRouter()
+    document: dict[str, Any] = {}
+
+    async def openapi() -> Response:
+        if not document:
+            document.update(openapi_document(app, config.served_model_name, auth=config.api_key is not None,
+                                             public_metrics=config.metrics_public))
+        return _json(document)
+
+    router.add_api_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
+    return router
+
+
+def _status_routes(engine: EngineClient, require_key: list) -> APIRouter:
+    """/health answers anyone (load balancers, supervisors); /version is behind the key like the rest."""
     router = APIRouter()
     version = importlib.metadata.version("tailrace")
 
@@ -134,7 +163,7 @@ def _status_routes(engine: EngineClient) -> APIRouter:
         return _json({"version": version})
 
     router.add_api_route("/health", health, methods=["GET"])
-    router.add_api_route("/version", get_version, methods=["GET"])
+    router.add_api_route("/version", get_version, methods=["GET"], dependencies=require_key)
     return router
 
 
@@ -188,12 +217,37 @@ async def _parse(request: Request, model: type[M]) -> M:
         raise from_validation_errors(err.errors(include_url=False)) from None
 
 
-async def _respond(result: Awaitable[dict | AsyncIterator[dict]]) -> Response:
-    outcome = await result
+async def _respond(request: Request, result: Awaitable[dict | AsyncIterator[dict]]) -> Response:
+    outcome = await _unless_disconnected(request, result)
+    if outcome is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
     if isinstance(outcome, dict):
         return _json(outcome)
     return StreamingResponse(sse_stream(await _first_chunk_now(outcome)), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Await `work`, cancelling it (and so aborting its engine requests) if the client goes away
+    first: a non-stream request writes nothing until the end, so nothing else would notice."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    # The body was read already, so the next message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _first_chunk_now(chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
@@ -236,7 +290,7 @@ def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
 def _error_response(err: OpenAIError) -> Response:
     """The OpenAI error body; a 4xx that retrying cannot fix says so, or the SDK retries it twice."""
     headers = {} if err.retryable else {"x-should-retry": "false"}
-    return _json(err.body(), status=err.status, headers=headers)
+    return _json(err.body(), status=err.status, headers={**headers, **err.headers})
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import threading
 from collections.abc import AsyncIterator
@@ -20,11 +21,21 @@ from tailrace.outputs import RequestOutput
 from tailrace.sampling_params import SamplingParams
 from tailrace.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["EngineClient", "EngineDeadError", "EngineStats"]
+__all__ = ["EngineClient", "EngineDeadError", "EngineStats", "RequestFailedError", "RequestRejectedError"]
+
+log = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
     """The engine core stopped; every open request fails with this."""
+
+
+class RequestRejectedError(ValueError):
+    """The core refused the request as it stands (e.g. it can never fit in the KV cache)."""
+
+
+class RequestFailedError(RuntimeError):
+    """Processing this one request's output failed; the other requests carry on."""
 
 
 class EngineClient:
@@ -42,6 +53,7 @@ class EngineClient:
         self._conn: Connection | None = None
         self._worker: multiprocessing.process.BaseProcess | threading.Thread | None = None
         self._ready = asyncio.Event()
+        self._dead = asyncio.Event()
         self._dead_reason: str | None = None
 
     @classmethod
@@ -78,6 +90,11 @@ class EngineClient:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    async def wait_dead(self) -> str:
+        """Wait until the core has stopped (crashed, or shut down); the reason."""
+        await self._dead.wait()
+        return self._dead_reason
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
@@ -126,6 +143,9 @@ class EngineClient:
                 self._dispatch(from_core_decoder.decode(self._conn.recv_bytes()))
         except (EOFError, OSError):
             self._die("the engine core process exited")
+        except Exception:  # a frame that cannot be handled: better a dead engine than requests that hang
+            log.exception("reading from the engine core failed")
+            self._die("the engine client failed to read the core's output")
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, OutputsMsg):
@@ -137,11 +157,12 @@ class EngineClient:
                     queue.put_nowait(delta)
             for request_id, sibling in processed.to_abort:
                 self._send(AbortMsg(request_id, [sibling]))
+            for request_id in processed.failed:
+                self._fail(request_id, RequestFailedError(f"processing the output of request {request_id} failed"))
+                self._send(AbortMsg(request_id))
         elif isinstance(msg, RequestErrorMsg):
             self._processor.remove(msg.request_id)
-            queue = self._queues.get(msg.request_id)
-            if queue is not None:
-                queue.put_nowait(ValueError(msg.message))
+            self._fail(msg.request_id, RequestRejectedError(msg.message))
         elif isinstance(msg, ReadyMsg):
             self.info, self._stats = msg, msg.stats
             self.max_model_len = msg.max_model_len
@@ -149,10 +170,16 @@ class EngineClient:
         elif isinstance(msg, FatalMsg):
             self._die(msg.message)
 
+    def _fail(self, request_id: str, error: Exception) -> None:
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            queue.put_nowait(error)
+
     def _die(self, reason: str) -> None:
         if self._dead_reason is not None:
             return
         self._dead_reason = reason
+        self._dead.set()
         if self._conn is not None:
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
         for queue in self._queues.values():

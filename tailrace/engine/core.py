@@ -12,6 +12,7 @@ from tailrace.engine.model_runner import ModelRunner
 from tailrace.engine.sampler import make_generator
 from tailrace.engine.scheduler import Scheduler
 from tailrace.engine.sequence import Sequence, Status
+from tailrace.engine.structured import GrammarCompiler
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
@@ -47,6 +48,7 @@ class EngineCore:
         self.eos_token_ids = model_eos_ids(config.model_path, self.runner.model_config.eos_token_ids)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
         self._next_seq_id = 0
 
@@ -66,13 +68,18 @@ class EngineCore:
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         needed = -(-(prompt_len + max_tokens) // self.config.block_size)
-        if needed > self.runner.num_blocks:
-            raise ValueError(f"the request needs {needed} KV blocks but the cache has {self.runner.num_blocks}")
+        # n siblings share the prompt's full blocks (prefix caching) and each needs its own rest.
+        shared = prompt_len // self.config.block_size if self.config.enable_prefix_caching else 0
+        total = shared + params.n * (needed - shared)
+        if total > self.runner.num_blocks:
+            raise ValueError(f"the request needs {total} KV blocks for its {params.n} choice(s) but the cache has "
+                             f"{self.runner.num_blocks}; lower n or max_tokens, or shorten the prompt")
+        grammars = [self.grammars.for_sequence(params) for _ in range(params.n)]
         siblings = []
         for j in range(params.n):
             seed = None if params.seed is None else params.seed + j
             seq = Sequence(self._next_seq_id, req.request_id, j, req.prompt_token_ids, params, max_tokens,
-                           generator=None if seed is None else make_generator(seed))
+                           generator=None if seed is None else make_generator(seed), grammar=grammars[j])
             self._next_seq_id += 1
             if j > 0 and params.prompt_logprobs is None:
                 seq.waits_for = siblings[0]
@@ -127,6 +134,8 @@ class EngineCore:
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> None:
         seq.output_token_ids.append(token)
         out.new_token_ids.append(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         if seq.params.logprobs is not None:
             out.new_logprobs = [logprob] if logprob is not None else None
         params = seq.params
@@ -138,6 +147,7 @@ class EngineCore:
             seq.finish_reason = "length"
 
     def _finish(self, seq: Sequence) -> None:
+        seq.grammar = None
         self.scheduler.finish(seq)
         self.runner.release(seq.seq_id)
         siblings = self.requests.get(seq.request_id, [])

@@ -12,7 +12,9 @@ import codecs
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from tailrace.engine.thinking import ThinkGate
 from tailrace.outputs import TokenLogprob
+from tailrace.sampling_params import ThinkTokens
 from tailrace.tokenizer import Tokenizer
 
 _REPLACEMENT_CHAR = "\ufffd"
@@ -106,6 +108,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool,
         stop: list[str],
         include_stop_str_in_output: bool,
+        thinking: ThinkTokens | None = None,
     ) -> None:
         self._text_source = (
             _ByteLevelText(tokenizer)
@@ -117,6 +120,10 @@ class IncrementalDetokenizer:
         self._stop_prefixes = frozenset(s[:k] for s in self._stops for k in range(1, len(s)))
         self._longest_prefix = max((len(s) - 1 for s in self._stops), default=0)
         self._include_stop = include_stop_str_in_output
+        # Stop strings are looked for in the answer only: from this index of the held text on,
+        # None while the model is still thinking.
+        self._gate = ThinkGate(thinking) if thinking is not None else None
+        self._stop_from: int | None = None if thinking is not None else 0
         self._with_logprobs: bool | None = None
         self._done = False
         # Held tokens, oldest first. _held_ends[i] is where token i's text ends in _held_text;
@@ -143,6 +150,10 @@ class IncrementalDetokenizer:
         for i, token_id in enumerate(token_ids):
             searched = len(self._held_text)
             self._take(token_id, logprobs[i] if logprobs is not None else None)
+            if self._stop_from is None:
+                in_answer = self._gate.feed(token_id)
+                if self._gate.answering:  # the answer starts at this token, or after the closing tag
+                    self._stop_from = searched if in_answer else len(self._held_text)
             match = self._find_stop(searched)
             if match is not None:
                 return self._release_stopped(*match)
@@ -189,9 +200,11 @@ class IncrementalDetokenizer:
     def _find_stop(self, searched: int) -> tuple[str, int] | None:
         """The stop string that ends first in the held text (the longest on a tie) and its start.
         Released text never holds the start of a match, and text before `searched` held none."""
+        if self._stop_from is None:
+            return None
         best: tuple[int, int, str] | None = None
         for stop in self._stops:
-            start = self._held_text.find(stop, max(0, searched - len(stop) + 1))
+            start = self._held_text.find(stop, max(self._stop_from, searched - len(stop) + 1))
             if start >= 0:
                 candidate = (start + len(stop), start, stop)
                 best = candidate if best is None else min(best, candidate)
@@ -199,8 +212,10 @@ class IncrementalDetokenizer:
 
     def _viable_stop_prefix_len(self) -> int:
         """Length of the longest suffix of the held text that a stop string starts with."""
+        if self._stop_from is None:
+            return 0
         text = self._held_text
-        for k in range(min(self._longest_prefix, len(text)), 0, -1):
+        for k in range(min(self._longest_prefix, len(text) - self._stop_from), 0, -1):
             if text[-k:] in self._stop_prefixes:
                 return k
         return 0
@@ -217,6 +232,8 @@ class IncrementalDetokenizer:
         del self._held_ids[:count], self._held_logprobs[:count]
         self._held_ends = [e - end for e in self._held_ends[count:]]
         self._held_text = self._held_text[end:]
+        if self._stop_from is not None:
+            self._stop_from = max(0, self._stop_from - end)
         return released
 
     def _release_stopped(self, stop: str, start: int) -> Released:

@@ -10,6 +10,7 @@ import torch
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.sampler import SamplingRow, make_generator, prompt_logprobs, sample
 from tailrace.engine.scheduler import ScheduledSeq
+from tailrace.engine.structured import MaskJob, MaskWorker
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.loader import load_model
 from tailrace.outputs import TokenLogprob
@@ -44,6 +45,7 @@ class ModelRunner:
                              self.num_blocks, config.block_size, dtype, config.device,
                              max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         self.shared_generator = make_generator(config.seed)
+        self.masks = MaskWorker(mc.vocab_size)
 
     def release(self, seq_id: int) -> None:
         self.cache.release(seq_id)
@@ -64,15 +66,26 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
         batch = AttentionBatch(slices, torch.tensor(slots, dtype=torch.int64, device=self.device))
         self.cache.begin(batch)
+        masks = self._start_masks(scheduled)
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.int64, device=self.device),
             torch.tensor(positions, dtype=torch.int64, device=self.device),
             batch, self.cache,
         )
-        return self._sample(scheduled, slices, hidden, eos_token_ids)
+        return self._sample(scheduled, slices, hidden, eos_token_ids, masks)
+
+    def _start_masks(self, scheduled: list[ScheduledSeq]) -> tuple[list[int], MaskJob] | None:
+        """Grammar masks for the items that sample under a constraint this step, filled while the
+        model runs; None (no work at all) when there is none."""
+        constrained = [i for i, item in enumerate(scheduled)
+                       if item.samples and item.seq.max_tokens > 0 and item.seq.grammar is not None
+                       and item.seq.grammar.constrains_next]
+        if not constrained:
+            return None
+        return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained])
 
     def _sample(self, scheduled: list[ScheduledSeq], slices: list[SeqSlice], hidden: torch.Tensor,
-                eos_token_ids: list[int]) -> list[StepResult]:
+                eos_token_ids: list[int], masks: tuple[list[int], MaskJob] | None) -> list[StepResult]:
         results = [StepResult() for _ in scheduled]
         rows: list[int] = []  # rows of `hidden` that need logits
         prompt_spans: list[tuple[int, int, int, int]] = []  # (item, first index in rows, start pos, end pos)
@@ -101,6 +114,10 @@ class ModelRunner:
         if samplers:
             seqs = [scheduled[i].seq for i, _ in samplers]
             picked = logits if len(samplers) == len(rows) else logits[torch.tensor([r for _, r in samplers])]
+            if masks is not None:
+                constrained, job = masks
+                row_of = {i: j for j, (i, _) in enumerate(samplers)}
+                job.apply(picked, [row_of[i] for i in constrained])
             out = sample(picked, [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
                                               eos_token_ids) for s in seqs], self.shared_generator)
             for j, (i, _) in enumerate(samplers):

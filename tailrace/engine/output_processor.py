@@ -6,6 +6,7 @@ on the model. A stop-string match finishes the choice here and asks the core to 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from tailrace.engine.core import SeqOutput
@@ -13,6 +14,8 @@ from tailrace.engine.detokenizer import IncrementalDetokenizer
 from tailrace.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from tailrace.sampling_params import SamplingParams
 from tailrace.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -40,6 +43,7 @@ class RequestState:
 class Processed:
     deltas: list[RequestOutput]
     to_abort: list[tuple[str, int]]  # (request id, sibling) that matched a stop string
+    failed: list[str] = field(default_factory=list)  # requests whose processing raised; already dropped
 
 
 class OutputProcessor:
@@ -51,7 +55,7 @@ class OutputProcessor:
         state = RequestState(request_id, prompt_token_ids, params)
         for _ in range(params.n):
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
-                                           params.stop, params.include_stop_str_in_output)
+                                           params.stop, params.include_stop_str_in_output, params.thinking)
             state.choices.append(ChoiceState(detok))
         self.requests[request_id] = state
 
@@ -64,7 +68,13 @@ class OutputProcessor:
             state = self.requests.get(out.request_id)
             if state is None or state.choices[out.sibling].finished:
                 continue  # aborted by the caller, or already cut by a stop string
-            delta = self._choice_delta(state, out, result)
+            try:
+                delta = self._choice_delta(state, out, result)
+            except Exception:  # a fault in one request's detokenizing must not cost the others their output
+                log.exception("processing the output of request %s failed", out.request_id)
+                del self.requests[out.request_id]
+                result.failed.append(out.request_id)
+                continue
             if delta is None:
                 continue
             finished = state.finished

@@ -7,6 +7,7 @@ from enum import Enum
 
 import torch
 
+from tailrace.engine.structured import SequenceGrammar
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
 
@@ -38,6 +39,8 @@ class Sequence:
     prompt_logprobs_sent: bool = False
     finish_reason: str | None = None
     stop_reason: int | None = None
+    # The structured-output matcher; it follows output_token_ids, so it survives preemption.
+    grammar: SequenceGrammar | None = None
 
     @property
     def num_tokens(self) -> int:

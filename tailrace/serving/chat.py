@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tailrace.engine.client import EngineClient
+from tailrace.serving.answers import plan_answer
 from tailrace.serving.choices import (
     Generation, Prompt, Step, check_context, check_request, check_token_ids, envelope, respond,
 )
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import invalid_request
 from tailrace.serving.logprobs import chat_logprob_content
-from tailrace.serving.protocol import ChatCompletionRequest, ChatMessage
+from tailrace.serving.parsers import Parsed, ToolCallDelta
+from tailrace.serving.parsers.choice import AnswerFormat, ChoiceParser
+from tailrace.serving.protocol import ChatCompletionRequest
 from tailrace.tokenizer import Tokenizer
 
 OBJECT = "chat.completion"
@@ -29,18 +33,21 @@ async def create_chat_completion(engine: EngineClient, request: ChatCompletionRe
     the whole response or an iterator of chunks."""
     check_request(engine, request)
     head = envelope("chatcmpl", CHUNK_OBJECT, ctx)
-    generation = Generation(engine, head["id"], [render_prompt(engine, request)], ctx.metrics)
+    prompt, answers = render_prompt(engine, request, ctx)
+    generation = Generation(engine, head["id"], [prompt], ctx)
     pieces = ChatPieces(engine.tokenizer, request.logprobs, request.top_logprobs or 0,
-                        request.return_tokens_as_token_ids)
+                        request.return_tokens_as_token_ids, answers, request.parallel_tool_calls)
     return await respond(generation, pieces, request, head, OBJECT)
 
 
-def render_prompt(engine: EngineClient, request: ChatCompletionRequest) -> Prompt:
-    """The chat template's text, tokenized. `echo` continues the last message and echoes its content."""
+def render_prompt(engine: EngineClient, request: ChatCompletionRequest,
+                  ctx: RequestContext) -> tuple[Prompt, AnswerFormat]:
+    """The chat template's text, tokenized, and how the answer is to be read. `echo` continues
+    the last message and echoes its content."""
     continue_final = request.continue_final_message or request.echo
     try:
         text = engine.tokenizer.apply_chat_template(
-            [_template_message(m) for m in request.messages],
+            [m.template_dict() for m in request.messages],
             add_generation_prompt=request.add_generation_prompt and not continue_final,
             tools=[t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None,
             continue_final_message=continue_final,
@@ -50,39 +57,71 @@ def render_prompt(engine: EngineClient, request: ChatCompletionRequest) -> Promp
     token_ids = engine.tokenizer.encode(text, add_special_tokens=False)
     check_token_ids(token_ids, None, "messages")
     params = request.to_sampling_params()
+    plan = plan_answer(request, engine.tokenizer, ctx.chat, text)
+    plan.apply(params)
     check_context(len(token_ids), params.max_tokens, engine.max_model_len, chat=True)
-    return Prompt(token_ids, params, request.messages[-1].text() if request.echo else None)
-
-
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """The message as the template reads it: content as one string (text parts joined)."""
-    fields = message.model_dump(exclude_none=True)
-    fields["content"] = message.text()
-    return fields
+    return Prompt(token_ids, params, request.messages[-1].text() if request.echo else None), plan.format
 
 
 @dataclass(slots=True)
 class ChatPieces:
     """A step as chunk choices: the role piece first for each choice (carrying the echo, if any),
-    then content pieces, then a separate `delta: {}` piece with the finish_reason."""
+    then a piece with what the step's text turned out to be (reasoning, content, tool-call
+    deltas), then a separate `delta: {}` piece with the finish_reason. Each choice reads its
+    text with its own parser, created with its first step and dropped with its last."""
 
     tokenizer: Tokenizer
     with_logprobs: bool
     top_n: int
     as_token_ids: bool
+    answers: AnswerFormat = field(default_factory=AnswerFormat)
+    parallel_tool_calls: bool = True
+    _parsers: dict[int, ChoiceParser] = field(default_factory=dict)
+    _calls: dict[int, int] = field(default_factory=dict)  # tool calls announced, per choice
 
     def __call__(self, step: Step) -> list[dict[str, Any]]:
         delta, index = step.delta, step.choice.index
         pieces = []
         if step.first:
+            self._parsers[index] = self.answers.parser()
+            self._calls[index] = 0
             role = {"role": "assistant", "content": step.choice.prompt.echo or ""}
             pieces.append(_piece(index, role, self._logprobs([], None), None))
-        if delta.text or (self.with_logprobs and delta.token_ids):
-            logprobs = self._logprobs(delta.token_ids, delta.logprobs)
-            pieces.append(_piece(index, {"content": delta.text}, logprobs, None))
+        parser = self._parsers[index]
+        parsed = parser.feed(delta.text)
         if delta.finish_reason is not None:
-            pieces.append(_piece(index, {}, None, delta.finish_reason))
+            parsed.add(parser.finish())
+        fields = self._delta_fields(index, parsed)
+        if fields or (self.with_logprobs and delta.token_ids):
+            logprobs = self._logprobs(delta.token_ids, delta.logprobs)
+            pieces.append(_piece(index, fields or {"content": ""}, logprobs, None))
+        if delta.finish_reason is not None:
+            called = self._calls.pop(index) > 0
+            del self._parsers[index]
+            # An answer that ended in tool calls says so; one cut short stays "length".
+            reason = "tool_calls" if called and delta.finish_reason == "stop" else delta.finish_reason
+            pieces.append(_piece(index, {}, None, reason))
         return pieces
+
+    def _delta_fields(self, index: int, parsed: Parsed) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if parsed.reasoning:
+            fields[self.answers.reasoning_field] = parsed.reasoning
+        if parsed.content:
+            fields["content"] = parsed.content
+        calls = [call for call in parsed.tool_calls if self.parallel_tool_calls or call.index == 0]
+        if calls:
+            fields["tool_calls"] = [self._wire_call(index, call) for call in calls]
+        return fields
+
+    def _wire_call(self, index: int, call: ToolCallDelta) -> dict[str, Any]:
+        """A tool-call delta as clients concatenate it: id, type and name on a call's first delta
+        only, `index` and `function` on every one."""
+        if call.name is None:
+            return {"index": call.index, "function": {"arguments": call.arguments}}
+        self._calls[index] += 1
+        return {"index": call.index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
 
     def _logprobs(self, token_ids: list[int], entries: list | None) -> dict[str, Any] | None:
         if not self.with_logprobs:
@@ -91,16 +130,28 @@ class ChatPieces:
         return {"content": content, "refusal": None}
 
     def join(self, index: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
-        """A non-stream choice: the pieces' content and logprobs joined once."""
-        content = "".join(p["delta"].get("content", "") for p in pieces)
+        """A non-stream choice: the pieces' content, reasoning, tool calls and logprobs joined once."""
+        deltas = [p["delta"] for p in pieces]
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls: list[dict[str, Any]] = []
+        for call in (c for d in deltas for c in d.get("tool_calls", [])):
+            if "id" in call:
+                calls.append({"id": call["id"], "type": "function", "function": dict(call["function"])})
+            else:
+                calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None,
+                                   "refusal": None, "annotations": []}
+        if calls:
+            message["tool_calls"] = calls
+        if self.answers.thinking is not None:
+            field_name = self.answers.reasoning_field
+            message[field_name] = "".join(d.get(field_name) or "" for d in deltas) or None
         logprobs = None
         if self.with_logprobs:
             logprobs = {"content": [t for p in pieces if p["logprobs"] for t in p["logprobs"]["content"]],
                         "refusal": None}
         finish_reason = pieces[-1]["finish_reason"] if pieces else None
-        return {"index": index,
-                "message": {"role": "assistant", "content": content, "refusal": None, "annotations": []},
-                "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _piece(index: int, delta: dict[str, Any], logprobs: dict | None, finish_reason: str | None) -> dict[str, Any]:

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractContextManager, aclosing, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tailrace.engine.client import EngineClient, EngineDeadError
-from tailrace.metrics import ServerMetrics
+from tailrace.engine.client import EngineClient, EngineDeadError, RequestFailedError, RequestRejectedError
 from tailrace.outputs import CompletionOutput, RequestOutput
 from tailrace.sampling_params import SamplingParams
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import (
-    context_length_exceeded, engine_unavailable, invalid_request, unsupported_parameter,
+    context_length_exceeded, engine_unavailable, internal, invalid_request, request_timeout, unsupported_parameter,
 )
+from tailrace.serving.limits import cap_max_tokens, check_prompt_limits, check_request_limits
 from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 
 
@@ -84,10 +84,15 @@ def check_token_ids(token_ids: list[int], vocab_size: int | None, param: str) ->
     if not token_ids:
         raise invalid_request(f"The {param} must contain at least one token.", param=param)
     if vocab_size is not None:
-        bad = next((t for t in token_ids if t >= vocab_size), None)
-        if bad is not None:
-            raise invalid_request(f"Token id {bad} is out of range: the vocabulary has {vocab_size} tokens.",
-                                  param=param)
+        check_vocab(token_ids, vocab_size, param)
+
+
+def check_vocab(token_ids: Iterable[int], vocab_size: int, param: str) -> None:
+    """Every id names a token (the schema already refuses negative ones)."""
+    bad = next((t for t in token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise invalid_request(f"Token id {bad} is out of range: the vocabulary has {vocab_size} tokens.",
+                              param=param)
 
 
 def check_request(engine: EngineClient, request: CompletionRequest | ChatCompletionRequest) -> None:
@@ -95,6 +100,9 @@ def check_request(engine: EngineClient, request: CompletionRequest | ChatComplet
     unsupported = unsupported_fields(request)
     if unsupported is not None:
         raise unsupported_parameter(unsupported)
+    vocab_size = engine.tokenizer.vocab_size
+    check_vocab(request.stop_token_ids or [], vocab_size, "stop_token_ids")
+    check_vocab(request.logit_bias or {}, vocab_size, "logit_bias")
     if engine.errored:
         raise engine_unavailable()
 
@@ -108,13 +116,15 @@ def envelope(id_prefix: str, object_name: str, ctx: RequestContext) -> dict[str,
 class Generation:
     """The engine requests of one HTTP request (one per prompt, each fanning out into n siblings)."""
 
-    def __init__(self, engine: EngineClient, request_id: str, prompts: list[Prompt],
-                 metrics: ServerMetrics | None) -> None:
+    def __init__(self, engine: EngineClient, request_id: str, prompts: list[Prompt], ctx: RequestContext) -> None:
         self.engine = engine
         self.request_id = request_id
         self.prompts = prompts
-        self.metrics = metrics
+        self.ctx = ctx
+        self.metrics = ctx.metrics
         self.started_at = time.monotonic()
+        timeout = ctx.limits.request_timeout_s
+        self.deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         n = prompts[0].params.n
         self.choices = [ChoiceState(p * n + j, prompt) for p, prompt in enumerate(prompts) for j in range(n)]
         self.usage = Usage(sum(len(p.token_ids) for p in prompts), cached_per_prompt=[0] * len(prompts))
@@ -126,15 +136,41 @@ class Generation:
         return f"{self.request_id}-{prompt_index}"
 
     async def steps(self) -> AsyncIterator[Step]:
-        """Every delta of every choice, choices introduced in ascending index; ends when all finished."""
-        async with aclosing(self._merged()) as merged:
-            async for prompt_index, output in merged:
-                choice = self.choices[prompt_index * self._n + output.outputs[0].index]
-                self._observe(choice, output)
-                for step in self._admit(choice, output):
-                    self._account(step)
-                    yield step
+        """Every delta of every choice, choices introduced in ascending index; ends when all finished.
+
+        Holds the request's place in the server's queue while it runs (429 when there is none),
+        and fails with an OpenAIError when the request times out or the engine refuses or loses it.
+        """
+        with self._admission():
+            async with aclosing(self._merged()) as merged:
+                while (item := await self._next(merged)) is not None:
+                    prompt_index, output = item
+                    choice = self.choices[prompt_index * self._n + output.outputs[0].index]
+                    self._observe(choice, output)
+                    for step in self._admit(choice, output):
+                        self._account(step)
+                        yield step
         self._finish_metrics()
+
+    def _admission(self) -> AbstractContextManager[None]:
+        admission = self.ctx.admission
+        return nullcontext() if admission is None else admission.hold(len(self.choices))
+
+    async def _next(self, merged: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput] | None:
+        """The next delta, or None at the end. The deadline covers one await and no yield, so the
+        timeout's cancellation lands inside the engine streams, which then abort their requests."""
+        try:
+            if self.deadline is None:
+                return await anext(merged, None)
+            return await asyncio.wait_for(anext(merged, None), self.deadline - asyncio.get_running_loop().time())
+        except asyncio.TimeoutError:
+            raise request_timeout(self.ctx.limits.request_timeout_s) from None
+        except RequestRejectedError as err:
+            raise invalid_request(str(err)) from None
+        except RequestFailedError:
+            raise internal() from None  # the engine client logged the fault; the client gets no details
+        except EngineDeadError as err:
+            raise engine_unavailable("The engine stopped. Please retry shortly.") from err
 
     def _admit(self, choice: ChoiceState, output: RequestOutput) -> list[Step]:
         if choice.index > self._next_intro:
@@ -238,6 +274,12 @@ class Pieces(Protocol):
 async def respond(generation: Generation, pieces_of: Pieces, request: CompletionRequest | ChatCompletionRequest,
                   head: dict[str, Any], full_object: str) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
     """The chunk iterator for a stream; otherwise the whole response, `head` with `full_object`."""
+    limits = generation.ctx.limits
+    check_request_limits(limits, request)
+    chat = isinstance(request, ChatCompletionRequest)
+    check_prompt_limits(limits, [len(p.token_ids) for p in generation.prompts], chat)
+    for prompt in generation.prompts:
+        cap_max_tokens(limits, prompt.params)
     if request.stream:
         return stream_chunks(generation, pieces_of, head, request.include_usage,
                              request.include_usage and request.continuous_usage_stats)
@@ -262,13 +304,9 @@ async def stream_chunks(generation: Generation, pieces_of: Pieces, head: dict[st
 
 
 async def collect_pieces(generation: Generation, pieces_of: Pieces) -> list[list[dict[str, Any]]]:
-    """Every piece of every choice, by choice index, for a non-stream response to join once. No
-    byte has gone out yet, so a dead engine is still a plain 503."""
+    """Every piece of every choice, by choice index, for a non-stream response to join once."""
     by_choice: list[list[dict[str, Any]]] = [[] for _ in generation.choices]
-    try:
-        async with aclosing(generation.steps()) as steps:
-            async for step in steps:
-                by_choice[step.choice.index].extend(pieces_of(step))
-    except EngineDeadError as err:
-        raise engine_unavailable() from err
+    async with aclosing(generation.steps()) as steps:
+        async for step in steps:
+            by_choice[step.choice.index].extend(pieces_of(step))
     return by_choice

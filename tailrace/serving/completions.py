@@ -26,7 +26,7 @@ async def create_completion(engine: EngineClient, request: CompletionRequest,
     the whole response or an iterator of chunks."""
     check_request(engine, request)
     head = envelope("cmpl", OBJECT, ctx)
-    generation = Generation(engine, head["id"], tokenize_prompts(engine, request), ctx.metrics)
+    generation = Generation(engine, head["id"], tokenize_prompts(engine, request), ctx)
     pieces = CompletionPieces(engine.tokenizer, request.logprobs is not None, request.return_tokens_as_token_ids)
     return await respond(generation, pieces, request, head, OBJECT)
 

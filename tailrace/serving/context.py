@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tailrace.metrics import ServerMetrics
+from tailrace.serving.limits import Admission, Limits
+
+
+@dataclass(slots=True, frozen=True)
+class ChatOptions:
+    """How chat answers are read, fixed for the server by its flags."""
+
+    tool_call_parser: str = "auto"  # hermes | llama3 | mistral | auto: the chat template's format
+    reasoning_parser: str | None = None  # "think": split <think>...</think> off the answer
+    reasoning_field: str = "reasoning_content"  # or "reasoning" (vLLM's and Ollama's name)
 
 
 @dataclass(slots=True)
@@ -14,3 +24,6 @@ class RequestContext:
     request_id: str
     model_name: str  # the served model name, echoed as `model` in responses
     metrics: ServerMetrics
+    limits: Limits = field(default_factory=Limits)
+    admission: Admission | None = None  # None: no queue bound (unit tests)
+    chat: ChatOptions = field(default_factory=ChatOptions)

@@ -20,6 +20,7 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers: dict[str, str] = {}  # extra response headers, e.g. retry-after on a 429
 
     @property
     def retryable(self) -> bool:
@@ -72,6 +73,12 @@ def payload_too_large(limit_bytes: int) -> OpenAIError:
 
 def rate_limited(message: str = "Too many requests. Please retry after a short wait.") -> OpenAIError:
     return OpenAIError(429, message, type="requests", code="rate_limit_exceeded")
+
+
+def request_timeout(seconds: float) -> OpenAIError:
+    """The request ran past --request-timeout and was aborted (408: clients and LiteLLM read it as a timeout)."""
+    return OpenAIError(408, f"The request did not finish within this server's limit of {seconds:g} s.",
+                       type="timeout_error", code="request_timeout")
 
 
 def engine_unavailable(message: str = "The engine is not available. Please retry shortly.") -> OpenAIError:

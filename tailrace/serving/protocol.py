@@ -9,6 +9,7 @@ Fields the server knows but does not implement are accepted here and refused by
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,7 +18,6 @@ from pydantic_core import PydanticCustomError
 from tailrace.sampling_params import SamplingParams, SamplingParamsError
 from tailrace.serving.errors import invalid_request
 
-MAX_STOP_SEQUENCES = 4
 MAX_N = 128
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -116,9 +116,13 @@ class ChatMessage(_OpenAIModel):
         return self
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as a chat template reads it: the fields the client set, content as one string."""
+        """The message as a chat template reads it: the fields the client set, content as one
+        string, and tool-call arguments as the object they encode (templates write them with
+        `tojson`, so a JSON string would come out quoted twice)."""
         fields = self.model_dump(exclude_none=True)
         fields["content"] = self.text()
+        for call in fields.get("tool_calls", []):
+            call["function"]["arguments"] = _json_object_or_text(call["function"]["arguments"])
         return fields
 
     def text(self) -> str:
@@ -129,6 +133,14 @@ class ChatMessage(_OpenAIModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text or part.refusal or "" for part in self.content)
+
+
+def _json_object_or_text(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -209,10 +221,7 @@ class _SamplingRequest(_OpenAIModel):
 
     @model_validator(mode="after")
     def _check_shared(self) -> _SamplingRequest:
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_SEQUENCES:
-            raise _invalid("stop", f"Invalid 'stop': array too long. Expected an array with maximum length "
-                                   f"{MAX_STOP_SEQUENCES}, but got an array with length {len(self.stop)} instead.",
-                           code="array_above_max_length")
+        # How many stop strings, and how long, is the operator's cap: serving/limits.py.
         limit = self.effective_max_tokens
         if limit is not None and self.min_tokens > limit:
             raise _invalid("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit}).")
@@ -350,10 +359,7 @@ class ChatCompletionRequest(_SamplingRequest):
 # ---- what the server refuses ---------------------------------------------------------------------
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The first known field set to something this server does not implement, as a path, or None.
-
-    Tools and structured output are refused until their implementation lands: relax them here.
-    """
+    """The first known field set to something this server does not implement, as a path, or None."""
     if isinstance(request, CompletionRequest):
         if request.suffix:
             return "suffix"
@@ -374,12 +380,8 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
     for i, tool in enumerate(request.tools or []):
         if tool.type == "custom":
             return f"tools[{i}].custom"
-    if request.tools:
-        return "tools"
-    if request.tool_choice not in (None, "none", "auto"):
-        return "tool_choice"
-    if request.response_format is not None and request.response_format.type != "text":
-        return "response_format"
+    if isinstance(request.tool_choice, NamedToolChoice) and request.tool_choice.type != "function":
+        return f"tool_choice.{request.tool_choice.type}"
     return None
 
 

@@ -1,0 +1,165 @@
+"""Grammar-constrained decoding with llguidance: each constrained sequence has a matcher that
+says which tokens may come next, and the sampler only sees those.
+
+Why llguidance: a 3 MB abi3 wheel with no Python dependencies that builds its tokenizer straight
+from tokenizer.json and fills masks with the GIL released. On the embedded model it imports in
+30 ms (xgrammar 0.2.9: 2.7 s, as it loads transformers; it also requires triton), compiles a
+five-object schema in 8 ms (xgrammar 9.5 ms) and fills an 8k-token mask in about 15 us.
+
+The per-step cost lands only on constrained rows: masks for them are filled on a worker thread
+while the model runs (`MaskJob`), and a step without a constrained row does no grammar work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import numpy as np
+import torch
+
+from tailrace.engine.thinking import Phase, ThinkGate
+from tailrace.sampling_params import SamplingParams, StructuredSpec
+
+# Fixed separators and no free whitespace: the JSON reads like json.dumps output, and a weak
+# model cannot spend its whole budget on whitespace between tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_COMPILED_CACHE = 64  # schemas whose compiled matcher the core keeps for reuse
+_LOG_SILENT = 0  # llguidance writes grammar errors to stderr otherwise; we read them from the matcher
+
+
+def json_grammar(spec: StructuredSpec) -> str:
+    """The llguidance grammar for the spec; ValueError when the schema is not a JSON object."""
+    return llguidance.LLMatcher.grammar_from_json_schema(spec.json_schema, defaults=JSON_OPTIONS)
+
+
+def schema_error(json_schema: str) -> str | None:
+    """Why the schema cannot be enforced (llguidance names the feature, e.g. `Unimplemented keys:
+    ["not"]`), or None when it can. About 0.3 ms for a typical schema: cheap enough to run on
+    every request before it is queued (and no cache of client-sized strings to bound)."""
+    try:
+        grammar = json_grammar(StructuredSpec(json_schema))
+    except ValueError as err:
+        return str(err)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return messages[0] if is_error else None
+
+
+class SequenceGrammar:
+    """One sequence's matcher; with thinking tokens, it starts at the answer."""
+
+    __slots__ = ("matcher", "gate")
+
+    def __init__(self, matcher: llguidance.LLMatcher, gate: ThinkGate | None) -> None:
+        self.matcher = matcher
+        self.gate = gate
+
+    @property
+    def constrains_next(self) -> bool:
+        return self.gate is None or self.gate.phase is not Phase.THINKING
+
+    def accept(self, token_id: int) -> None:
+        """Advance past a sampled token. A token the grammar refused (possible only when another
+        rule overrode the mask) leaves the matcher in its error state, which allows only eos."""
+        if self.gate is None or self.gate.feed(token_id):
+            self.matcher.consume_token(token_id)
+
+
+class GrammarCompiler:
+    """The core's compiled grammars: the llguidance tokenizer (built on first use, ~0.1 s for
+    8k tokens) and a matcher per recent schema, copied for each sequence."""
+
+    def __init__(self, model_path: str, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.model_path = model_path
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    def for_sequence(self, params: SamplingParams) -> SequenceGrammar | None:
+        """A fresh matcher for one sequence of a constrained request; ValueError if it cannot compile."""
+        if params.structured is None:
+            return None
+        template = self._compiled.get(params.structured.json_schema)
+        if template is None:
+            template = self._compile(params.structured)
+        else:
+            self._compiled.move_to_end(params.structured.json_schema)
+        gate = ThinkGate(params.thinking) if params.thinking is not None else None
+        return SequenceGrammar(template.deep_copy(), gate)
+
+    def _compile(self, spec: StructuredSpec) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), json_grammar(spec), log_level=_LOG_SILENT)
+        if matcher.is_error():
+            raise ValueError(f"the response format cannot be enforced: {matcher.get_error()}")
+        self._compiled[spec.json_schema] = matcher
+        if len(self._compiled) > _COMPILED_CACHE:
+            self._compiled.popitem(last=False)
+        return matcher
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            with open(os.path.join(self.model_path, "tokenizer.json"), encoding="utf-8") as f:
+                source = f.read()
+            try:
+                # n_vocab is the model's: logits columns past the tokenizer's ids are then always masked.
+                self._tokenizer = llguidance.LLTokenizer(source, n_vocab=self.vocab_size,
+                                                         eos_token=self.eos_token_ids)
+            except Exception as err:  # whatever llguidance raises, it refuses this request, not the engine
+                raise ValueError(f"structured output is not available for this tokenizer: {err}") from err
+        return self._tokenizer
+
+
+class MaskWorker:
+    """The model runner's thread for filling masks while the model runs (started on first use)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._pool: ThreadPoolExecutor | None = None
+        self._executor: llguidance.LLExecutor | None = None
+
+    def start(self, grammars: list[SequenceGrammar]) -> MaskJob:
+        """Begin filling the masks of these sequences' next tokens."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailrace-grammar")
+            # llguidance spreads a batch over its own threads; on a small CPU one leaves the model its cores.
+            self._executor = llguidance.LLExecutor(num_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
+        return MaskJob(self._pool, self._executor, grammars, self.vocab_size)
+
+
+class MaskJob:
+    """The allowed-token bitmasks of one step's constrained rows: a row of vocab/32 words per
+    grammar, bit i of word w allowing token 32*w + i."""
+
+    def __init__(self, pool: ThreadPoolExecutor, executor: llguidance.LLExecutor,
+                 grammars: list[SequenceGrammar], vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.bitmask = np.zeros((len(grammars), (vocab_size + 31) // 32), dtype=np.uint32)
+        self._done: Future = pool.submit(self._fill, executor, grammars)
+
+    def _fill(self, executor: llguidance.LLExecutor, grammars: list[SequenceGrammar]) -> None:
+        # llguidance writes each mask at base + k * row_bytes and releases the GIL while it works.
+        row_bytes = self.bitmask.shape[1] * 4
+        executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)],
+                                         self.bitmask.ctypes.data, row_bytes, len(grammars))
+        for k, grammar in enumerate(grammars):
+            if grammar.gate is not None and grammar.gate.phase is Phase.UNDECIDED:
+                # Before the first token, the model may also open a think block.
+                open_id = grammar.gate.open_id
+                self.bitmask[k, open_id // 32] |= np.uint32(1 << (open_id % 32))
+
+    def wait(self) -> np.ndarray:
+        """The bitmask, once filled."""
+        self._done.result()
+        return self.bitmask
+
+    def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Wait for the masks, then set every disallowed logit of `rows` (one per grammar, in
+        order) to -inf in place."""
+        self.wait()
+        bits = np.unpackbits(self.bitmask.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
+        allowed = torch.from_numpy(bits.view(np.bool_)).to(logits.device)
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))

@@ -1,0 +1,62 @@
+"""How one chat request's answer is made and read, decided once before it is queued: the grammar
+it must follow, where the model's thinking ends, and which tool-call parser reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailrace.sampling_params import SamplingParams, StructuredSpec, ThinkTokens
+from tailrace.serving.context import ChatOptions
+from tailrace.serving.parsers.choice import TOOL_PARSERS, AnswerFormat, detect_tool_parser
+from tailrace.serving.parsers.reasoning import THINK_CLOSE, THINK_OPEN, thinking_at_start
+from tailrace.serving.protocol import ChatCompletionRequest
+from tailrace.serving.structured import constraint_for
+from tailrace.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class AnswerPlan:
+    format: AnswerFormat
+    structured: StructuredSpec | None = None
+    thinking: ThinkTokens | None = None
+    keep_special_tokens: bool = False  # the tool-call format is marked by a special token
+
+    def apply(self, params: SamplingParams) -> None:
+        params.structured = self.structured
+        params.thinking = self.thinking
+        if self.keep_special_tokens:
+            params.skip_special_tokens = False
+
+
+def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: ChatOptions,
+                prompt_text: str) -> AnswerPlan:
+    """OpenAIError (400) when response_format or tool_choice cannot be served."""
+    constraint = constraint_for(request)
+    parser_name = None
+    if constraint is not None:
+        tool_parser = constraint.tool_parser
+    elif request.tools and request.tool_choice in (None, "auto"):
+        parser_name = tool_parser_name(options.tool_call_parser, tokenizer.chat_template)
+        tool_parser = TOOL_PARSERS.get(parser_name) if parser_name is not None else None
+    else:
+        tool_parser = None  # "none" still shows the tools to the model, but nothing is parsed
+    open_at_start = None
+    tokens = None
+    if options.reasoning_parser is not None:
+        open_at_start = thinking_at_start(prompt_text)
+        tokens = think_tokens(tokenizer, open_at_start)
+    return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field),
+                      constraint.spec if constraint is not None else None, tokens, parser_name == "mistral")
+
+
+def tool_parser_name(option: str, chat_template: str | None) -> str | None:
+    return detect_tool_parser(chat_template) if option == "auto" else option
+
+
+def think_tokens(tokenizer: Tokenizer, open_at_start: bool) -> ThinkTokens | None:
+    """The think tags as token ids, for the engine to find where the answer starts; None when a
+    tag is not one token (stop strings and the grammar then cover the whole output)."""
+    open_id, close_id = tokenizer.hf.token_to_id(THINK_OPEN), tokenizer.hf.token_to_id(THINK_CLOSE)
+    if open_id is None or close_id is None:
+        return None
+    return ThinkTokens(open_id, close_id, open_at_start)

@@ -1,0 +1,115 @@
+"""Incremental parsers for what a model writes into its answer: thinking, and tool calls in the
+formats real models emit. Each is a small state machine fed text deltas; one object per choice.
+
+Every parser keeps the rule that makes streaming exact: feeding a text in any number of pieces
+gives the same joined result as feeding it whole, so a stream and its non-stream response agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+WHITESPACE = " \t\r\n"
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of one tool call. The call's first piece carries its name; the arguments are JSON
+    text in fragments that join to the whole arguments object."""
+
+    index: int  # 0, 1, 2... in order of appearance within the choice
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class Parsed:
+    """What one piece of text turned out to be."""
+
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    reasoning: str = ""
+
+    def add(self, other: Parsed) -> Parsed:
+        self.content += other.content
+        self.tool_calls = merge_calls(self.tool_calls + other.tool_calls)
+        self.reasoning += other.reasoning
+        return self
+
+
+class ToolParser(Protocol):
+    """Answer text in, content and tool-call pieces out."""
+
+    def feed(self, text: str) -> Parsed: ...
+
+    def finish(self) -> Parsed:
+        """The stream ended: release whatever was held back."""
+        ...
+
+
+def merge_calls(calls: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Adjacent pieces of the same call as one (a call's name stays on its first piece); pieces
+    that add nothing are dropped."""
+    merged: list[ToolCallDelta] = []
+    for call in calls:
+        if merged and merged[-1].index == call.index and call.name is None:
+            merged[-1].arguments += call.arguments
+        elif call.name is not None or call.arguments:
+            merged.append(ToolCallDelta(call.index, call.name, call.arguments))
+    return merged
+
+
+def held_prefix_len(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that `tag` starts with (and is shorter than the tag):
+    what must be held back because the tag may be arriving."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
+
+
+def run_steps(step: Callable[[Parsed], bool]) -> Parsed:
+    """Run a parser's state machine over what it holds: `step` handles one state and says whether
+    the state changed (so another step may apply)."""
+    out = Parsed()
+    while step(out):
+        pass
+    out.tool_calls = merge_calls(out.tool_calls)
+    return out
+
+
+class TextOutsideCalls:
+    """Answer text around tool calls that a tag starts: content, except whitespace right before a
+    call (dropped) and whitespace after the last call when the answer ends there (dropped)."""
+
+    __slots__ = ("tag", "after_call")
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.after_call = False  # nothing but whitespace since the last call
+
+    def read(self, buffer: str, out: Parsed) -> tuple[str, bool]:
+        """Give out the content of `buffer` that is certain; returns (what is kept, whether the
+        tag was found). Found: what is kept is the text after the tag. Not found: trailing
+        whitespace and a possible start of the tag are kept."""
+        at = buffer.find(self.tag)
+        if at >= 0:
+            self.emit(out, buffer[:at].rstrip(WHITESPACE))
+            return buffer[at + len(self.tag):], True
+        upto = len(buffer) - held_prefix_len(buffer, self.tag)
+        while upto and buffer[upto - 1] in WHITESPACE:
+            upto -= 1
+        self.emit(out, buffer[:upto])
+        return buffer[upto:], False
+
+    def end(self, buffer: str, out: Parsed) -> None:
+        """The answer ended with `buffer` held."""
+        if not (self.after_call and not buffer.strip(WHITESPACE)):
+            self.emit(out, buffer)
+
+    def emit(self, out: Parsed, content: str) -> None:
+        if content:
+            out.content += content
+            self.after_call = False

@@ -1,0 +1,82 @@
+"""Hermes / Qwen tool calls: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`,
+one block per call, after any text the model writes first."""
+
+from __future__ import annotations
+
+from tailrace.serving.parsers import WHITESPACE, Parsed, TextOutsideCalls, merge_calls, run_steps
+from tailrace.serving.parsers.json_calls import CallObject
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+
+class HermesToolParser:
+    """Text is content until `<tool_call>`; a block whose body is no call object goes out as
+    content as written; whitespace between blocks is dropped."""
+
+    def __init__(self) -> None:
+        self._buffer = ""  # text read but not yet given out
+        self._state = "text"  # text | call | closing | skip
+        self._text = TextOutsideCalls(TOOL_CALL_START)
+        self._call: CallObject | None = None
+        self._next_index = 0
+
+    def feed(self, text: str) -> Parsed:
+        self._buffer += text
+        return run_steps(self._step)
+
+    def finish(self) -> Parsed:
+        out = Parsed()
+        if self._state == "text":
+            self._text.end(self._buffer, out)
+        elif self._state == "call":
+            self._call.end()
+            out.tool_calls = merge_calls(self._call.take())
+            if not self._call.announced:
+                self._text.emit(out, TOOL_CALL_START + self._call.raw + self._buffer)
+        self._buffer = ""
+        return out
+
+    def _step(self, out: Parsed) -> bool:
+        """Handle what the buffer allows in the current state; True when the state changed."""
+        if self._state == "text":
+            self._buffer, found = self._text.read(self._buffer, out)
+            if found:
+                self._state, self._call = "call", CallObject(self._next_index)
+            return found
+        if self._state == "call":
+            return self._read_call(out)
+        if self._state == "closing":
+            rest = self._buffer.lstrip(WHITESPACE)
+            if TOOL_CALL_END.startswith(rest) and len(rest) < len(TOOL_CALL_END):
+                self._buffer = rest
+                return False  # the closing tag may be arriving
+            # A missing closing tag is forgiven: what follows is text again.
+            self._buffer = rest.removeprefix(TOOL_CALL_END)
+            self._state = "text"
+            return True
+        # skip: the rest of a block that broke after its call was announced
+        at = self._buffer.find(TOOL_CALL_END)
+        if at < 0:
+            self._buffer = self._buffer[len(self._buffer) - len(TOOL_CALL_END) + 1:]
+            return False
+        self._buffer, self._state = self._buffer[at + len(TOOL_CALL_END):], "text"
+        return True
+
+    def _read_call(self, out: Parsed) -> bool:
+        call = self._call
+        self._buffer = self._buffer[call.feed(self._buffer):]
+        out.tool_calls += call.take()
+        if call.announced:
+            self._next_index = call.index + 1
+        if call.is_call:
+            self._state, self._text.after_call = "closing", True
+        elif call.failed or call.done:
+            if call.announced:
+                self._state = "skip"
+            else:  # no call after all: the block is text
+                self._text.emit(out, TOOL_CALL_START + call.raw)
+                self._state = "text"
+        else:
+            return False
+        return True

@@ -1,0 +1,107 @@
+"""Mistral tool calls after the `[TOOL_CALLS]` control token, in either of its tokenizers' forms:
+a JSON array `[{"name": "f", "arguments": {...}}, ...]` (v3 and earlier), or one
+`[TOOL_CALLS]f[ARGS]{...}` per call (v11 and later; a `[CALL_ID]id` before `[ARGS]` is skipped).
+
+`[TOOL_CALLS]` is a special token: the serving layer keeps special tokens in the text for this
+parser.
+"""
+
+from __future__ import annotations
+
+from tailrace.serving.parsers import WHITESPACE, Parsed, TextOutsideCalls, ToolCallDelta, merge_calls, run_steps
+from tailrace.serving.parsers.json_calls import CallArray, JsonValue
+
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+CALL_ID = "[CALL_ID]"
+
+
+class MistralToolParser:
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._state = "text"  # text | after_tag | array | name | args
+        self._text = TextOutsideCalls(TOOL_CALLS)
+        self._array: CallArray | None = None
+        self._args: JsonValue | None = None
+        self._next_index = 0
+
+    def feed(self, text: str) -> Parsed:
+        self._buffer += text
+        return run_steps(self._step)
+
+    def finish(self) -> Parsed:
+        out = Parsed()
+        if self._state == "text":
+            self._text.end(self._buffer, out)
+        elif self._state in ("after_tag", "name"):
+            out.content = TOOL_CALLS + self._buffer  # the tag led to no call
+        elif self._state == "array":
+            self._array.end()
+            out.tool_calls = merge_calls(self._array.take())
+            if not self._announced_any(self._array):
+                out.content = TOOL_CALLS + self._array.raw + self._buffer
+        self._buffer = ""
+        return out
+
+    def _step(self, out: Parsed) -> bool:
+        if self._state == "text":
+            self._buffer, found = self._text.read(self._buffer, out)
+            if found:
+                self._state = "after_tag"
+            return found
+        if self._state == "after_tag":
+            self._buffer = self._buffer.lstrip(WHITESPACE)
+            if not self._buffer:
+                return False
+            if self._buffer[0] == "[":
+                self._state, self._array = "array", CallArray(self._next_index)
+            else:
+                self._state = "name"
+            return True
+        if self._state == "array":
+            return self._read_array(out)
+        if self._state == "name":
+            return self._read_name(out)
+        return self._read_args(out)
+
+    def _read_array(self, out: Parsed) -> bool:
+        array = self._array
+        self._buffer = self._buffer[array.feed(self._buffer):]
+        out.tool_calls += array.take()
+        if array.done:
+            self._next_index, self._text.after_call, self._state = array.next_index, True, "text"
+        elif array.failed:
+            if self._announced_any(array):
+                self._next_index = max(c.index for c in array.calls if c.announced) + 1
+            else:  # no call after all: the text is content
+                self._text.emit(out, TOOL_CALLS + array.raw)
+            self._state = "text"
+        else:
+            return False
+        return True
+
+    def _read_name(self, out: Parsed) -> bool:
+        at = self._buffer.find(ARGS)
+        if at < 0:
+            return False
+        name = self._buffer[:at].split(CALL_ID)[0].strip(WHITESPACE)
+        self._buffer = self._buffer[at + len(ARGS):].lstrip(WHITESPACE)
+        out.tool_calls.append(ToolCallDelta(self._next_index, name))
+        self._state, self._args = "args", JsonValue()
+        return True
+
+    def _read_args(self, out: Parsed) -> bool:
+        if self._args.kind is None:
+            self._buffer = self._buffer.lstrip(WHITESPACE)
+        used = self._args.feed(self._buffer)
+        out.tool_calls.append(ToolCallDelta(self._next_index, None, self._buffer[:used]))
+        self._buffer = self._buffer[used:]
+        if not self._args.done:
+            return False
+        self._next_index += 1
+        self._state, self._text.after_call = "text", True
+        return True
+
+    @staticmethod
+    def _announced_any(array: CallArray) -> bool:
+        return any(call.announced for call in array.calls)

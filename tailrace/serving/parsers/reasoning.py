@@ -1,0 +1,60 @@
+"""Thinking inside `<think>...</think>` (Qwen3, DeepSeek-R1): the thinking is reasoning, the
+rest is the answer. Split-safe: a tag arriving in pieces is held until it is whole or ruled out.
+"""
+
+from __future__ import annotations
+
+from tailrace.serving.parsers import WHITESPACE, held_prefix_len
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def thinking_at_start(prompt: str) -> bool:
+    """Whether the prompt leaves the model inside a think block (templates that open it for the
+    model, as DeepSeek-R1's does): the last tag in the prompt is an opening one."""
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+
+
+class ThinkParser:
+    """One choice's text in, (reasoning, answer) pieces out.
+
+    Without a think block open at the start, the answer's first characters decide: `<think>`
+    opens one, anything else means the model answers without thinking. Whitespace between the
+    closing tag and the answer is dropped.
+    """
+
+    def __init__(self, open_at_start: bool) -> None:
+        self._state = "thinking" if open_at_start else "start"  # start | thinking | after | answer
+        self._buffer = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self._buffer += text
+        reasoning = ""
+        if self._state == "start":
+            if self._buffer.startswith(THINK_OPEN):
+                self._buffer, self._state = self._buffer[len(THINK_OPEN):], "thinking"
+            elif THINK_OPEN.startswith(self._buffer):
+                return "", ""  # the tag may be arriving
+            else:
+                self._state = "answer"
+        if self._state == "thinking":
+            at = self._buffer.find(THINK_CLOSE)
+            if at < 0:
+                keep = held_prefix_len(self._buffer, THINK_CLOSE)
+                reasoning = self._buffer[:len(self._buffer) - keep]
+                self._buffer = self._buffer[len(reasoning):]
+                return reasoning, ""
+            reasoning, self._buffer, self._state = self._buffer[:at], self._buffer[at + len(THINK_CLOSE):], "after"
+        if self._state == "after":
+            self._buffer = self._buffer.lstrip(WHITESPACE)
+            if not self._buffer:
+                return reasoning, ""
+            self._state = "answer"
+        answer, self._buffer = self._buffer, ""
+        return reasoning, answer
+
+    def finish(self) -> tuple[str, str]:
+        """The text ended: a held part of a tag is text after all."""
+        held, self._buffer = self._buffer, ""
+        return (held, "") if self._state == "thinking" else ("", held)
