@@ -43,8 +43,8 @@ class SyntheticEngine:
     is_ready: bool = True
     errored: bool = False
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def add_request(self, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams) -> AsyncIterator[RequestOutput]:
         rng = random.Random(0)
         words = [t for t in range(300, 4000) if self.tokenizer.token_text(t).isascii()]
         for i in range(self.tokens):

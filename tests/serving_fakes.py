@@ -70,8 +70,8 @@ class FakeEngine:
     closed_unfinished: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def add_request(self, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams) -> AsyncIterator[RequestOutput]:
         self.started.append((request_id, list(prompt_token_ids), params))
         prompt_index = int(request_id.rsplit("-", 1)[1])
         per_choice = [self._deltas(self.script(prompt_index, j), j, params) for j in range(params.n)]

@@ -40,7 +40,7 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         return self.engine_stats
 
-    async def generate(self, request_id, prompt_token_ids, params):
+    async def add_request(self, request_id, prompt_token_ids, params):
         for j in range(params.n):
             for k, piece in enumerate(self.script):
                 if self.fail_with is not None and k == self.fail_at:

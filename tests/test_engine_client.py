@@ -16,7 +16,7 @@ def config(path: str, **kwargs: object) -> EngineConfig:
 
 
 async def collect(client: EngineClient, rid: str, ids: list[int], params: SamplingParams) -> list:
-    return [delta async for delta in client.generate(rid, ids, params)]
+    return [delta async for delta in client.add_request(rid, ids, params)]
 
 
 def test_deltas_join_to_the_offline_result(tiny_checkpoint):
@@ -46,7 +46,7 @@ def test_core_process_serves_and_abort_frees_memory(tiny_checkpoint):
         client = await EngineClient.start(config(tiny_checkpoint))
         try:
             idle = client.stats().num_free_blocks
-            stream = client.generate("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+            stream = client.add_request("long", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
             await stream.__anext__()
             await stream.__anext__()
             await stream.aclose()
@@ -80,7 +80,7 @@ def test_invalid_request_fails_only_itself(tiny_checkpoint):
 def test_core_crash_fails_open_requests_instead_of_hanging(tiny_checkpoint):
     async def main():
         client = await EngineClient.start(config(tiny_checkpoint))
-        stream = client.generate("r", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
+        stream = client.add_request("r", [5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True))
         await stream.__anext__()
         os.kill(client._worker.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):

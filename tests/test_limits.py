@@ -61,7 +61,7 @@ class StallingEngine:
         self.is_ready = True
         self.closed_unfinished: list[str] = []
 
-    async def generate(self, request_id, prompt_token_ids, params):
+    async def add_request(self, request_id, prompt_token_ids, params):
         try:
             for sibling in range(params.n):
                 yield RequestOutput(request_id, prompt_token_ids, [CompletionOutput(sibling, " a", [GENERATED[0]])])

@@ -96,8 +96,8 @@ class EngineClient:
         await self._dead.wait()
         return self._dead_reason
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def add_request(self, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if self._dead_reason is not None:
             raise EngineDeadError(self._dead_reason)
         if request_id in self._queues:

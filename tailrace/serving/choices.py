@@ -221,7 +221,7 @@ class Generation:
     async def _merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, delta) from all prompts' engine streams as they arrive. Closing this
         (the client went away, or a task was cancelled) closes and aborts every unfinished one."""
-        streams = [self.engine.generate(self.engine_request_id(p), prompt.token_ids, prompt.params)
+        streams = [self.engine.add_request(self.engine_request_id(p), prompt.token_ids, prompt.params)
                    for p, prompt in enumerate(self.prompts)]
         finished = [False] * len(streams)
         pending: dict[asyncio.Task, int] = {}
