@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from offline import random_prompts  # bench/ is on sys.path when a script here runs
 
 from tailrace import LLM, SamplingParams
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
@@ -102,8 +102,7 @@ def main() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))  # what the engine core uses by default
     with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
         vocab = json.load(f)["vocab_size"]
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, vocab) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed=0)
     rows = {
         "bare forward loop": bare_loop(args.model, prompts, args.output_len, args.batch),
         "offline engine (LLM.generate)": offline(args.model, prompts, args.output_len, args.batch),
