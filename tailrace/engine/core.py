@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
@@ -45,7 +43,7 @@ class EngineCore:
         self.config = config
         self.runner = ModelRunner(config)
         self.max_model_len = self.runner.max_model_len
-        self.eos_token_ids = model_eos_ids(config.model_path, self.runner.model_config.eos_token_ids)
+        self.eos_token_ids = self.runner.model_config.eos_token_ids  # config.json + generation_config.json
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
@@ -164,15 +162,3 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
         )
 
-
-def model_eos_ids(model_path: str, config_eos: list[int]) -> list[int]:
-    """End-of-sequence ids from config.json and generation_config.json together."""
-    ids = list(config_eos)
-    path = os.path.join(model_path, "generation_config.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            eos = json.load(f).get("eos_token_id")
-        for t in eos if isinstance(eos, list) else [eos] if eos is not None else []:
-            if t not in ids:
-                ids.append(t)
-    return ids
