@@ -104,6 +104,28 @@ def test_decode_rows_of_several_sequences_match_reference():
         torch.testing.assert_close(out[row], reference(q, k, v)[-1])
 
 
+def test_equal_length_decode_rows_in_slot_order_then_a_prefill_match_reference():
+    # Row j decodes in slot j and every context is as long (no scatter, no mask), while a new
+    # sequence prefills in the rows after them.
+    cache = make_cache()
+    tables = sequential_tables([6, 6, 5])
+    data = [qkv(n, seed=60 + i) for i, n in enumerate([6, 6, 5])]
+    for key in range(2):
+        run_step(cache, make_batch([(key, 0, 5, tables[key])]), *(t[:5] for t in data[key]))
+    parts = [(0, 5, 1, tables[0]), (1, 5, 1, tables[1]), (2, 0, 5, tables[2])]
+    out = run_step(cache, make_batch(parts), *rows_of(data, [(5, 6), (5, 6), (0, 5)]))
+    expected = torch.cat([reference(*data[0])[-1:], reference(*data[1])[-1:], reference(*data[2])])
+    for layer in range(LAYERS):
+        torch.testing.assert_close(out[layer], expected)
+    decode_only = make_batch([(0, 6, 1, tables[0] + [10]), (1, 6, 1, tables[1] + [11])])
+    extra = [qkv(7, seed=70 + key) for key in range(2)]
+    for key in range(2):  # the 7th token of each: the first 6 are the ones already cached
+        for part, more in zip(data[key], extra[key]):
+            more[:6] = part
+    out = run_step(cache, decode_only, *rows_of(extra, [(6, 7), (6, 7)]))[0]
+    torch.testing.assert_close(out, torch.cat([reference(*e)[-1:] for e in extra]))
+
+
 def test_new_sequence_reads_shared_prefix_from_pages():
     cache = make_cache()
     q, k, v = qkv(11, seed=3)

@@ -104,7 +104,9 @@ class ModelRunner:
                 rows.append(sl.q_start + sl.q_len - 1)
         if not rows:
             return results
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).float()
+        if len(rows) < hidden.shape[0]:  # else every row samples (a decode-only step), in order
+            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        logits = self.model.compute_logits(hidden)
         for i, first, start, end in prompt_spans:
             seq = scheduled[i].seq
             results[i].prompt_logprobs = prompt_logprobs(

@@ -48,8 +48,12 @@ class _Prefill:
 @dataclass(slots=True)
 class _Decode:
     rows: torch.Tensor  # [N] rows of the flat batch that decode
-    slots: torch.Tensor  # [N] their slots
-    mask: torch.Tensor  # [S, 1, 1, max_len]: per slot, the positions its query may see
+    slots: torch.Tensor | None  # [N] their slots; None when the j-th decode row owns slot j
+    num_slots: int  # slots 0..num_slots-1 take part in the batched call
+    max_len: int  # the longest kv_len among them
+    mask: torch.Tensor | None  # [S, 1, 1, max_len]: per slot, the positions its query may see;
+    # None when every slot decodes and sees all max_len positions
+    rows_are_batch: bool  # the decode rows are the whole flat batch, in order
 
 
 @dataclass(slots=True)
@@ -57,8 +61,7 @@ class _Step:
     """What `begin` prepares once for all layers of one step."""
 
     batch: AttentionBatch
-    row_slots: torch.Tensor  # [T] slot of each new token
-    row_positions: torch.Tensor  # [T] its position in the sequence
+    slab_index: torch.Tensor  # [T * kvH]: row of each new token's heads in one layer's flat slab
     decode: _Decode | None
     prefills: list[_Prefill]
 
@@ -101,6 +104,7 @@ class KVCache:
         # empty: masked positions still enter the score product, and garbage could be NaN.
         self.slab_k = self._new_slab(min(_MIN_SLAB_CAPACITY, self.max_model_len))
         self.slab_v = torch.zeros_like(self.slab_k)
+        self._index_layers()
         self._slot_of: dict[int, int] = {}
         self._free_slots = list(range(max_seqs))  # a heap: the lowest slot goes first
         self._slot_len = [0] * max_seqs  # positions [0, len) of a slot hold valid K/V
@@ -137,9 +141,8 @@ class KVCache:
                 prefills.append(_Prefill(slot, seq.q_start, seq.q_start + seq.q_len, seq.kv_len, mask))
         self._step = _Step(
             batch=batch,
-            row_slots=self._index(row_slots),
-            row_positions=self._index(row_positions),
-            decode=self._plan_decode(decoding) if decoding else None,
+            slab_index=self._slab_index(row_slots, row_positions),
+            decode=self._plan_decode(decoding, len(row_slots)) if decoding else None,
             prefills=prefills,
         )
 
@@ -151,21 +154,24 @@ class KVCache:
         step = self._step
         if step is None or batch is not step.batch:
             raise RuntimeError("KVCache.begin(batch) must be called with this batch before the forward")
-        self.k[layer].index_copy_(0, batch.slot_mapping, k)
-        self.v[layer].index_copy_(0, batch.slot_mapping, v)
-        slab_k, slab_v = self.slab_k[layer], self.slab_v[layer]
-        slab_k[step.row_slots, :, step.row_positions] = k
-        slab_v[step.row_slots, :, step.row_positions] = v
+        pages_k, pages_v, slab_k, slab_v = self._layers[layer]
+        pages_k.index_copy_(0, batch.slot_mapping, k)
+        pages_v.index_copy_(0, batch.slot_mapping, v)
+        slab_k.view(-1, self.head_dim).index_copy_(0, step.slab_index, k.reshape(-1, self.head_dim))
+        slab_v.view(-1, self.head_dim).index_copy_(0, step.slab_index, v.reshape(-1, self.head_dim))
+        if layer == self.num_layers - 1:
+            for seq in batch.seqs:
+                self._slot_len[self._slot_of[seq.key]] = seq.kv_len
+        decoded = None if step.decode is None else _decode_attention(q, slab_k, slab_v, step.decode)
+        if decoded is not None and step.decode.rows_are_batch:
+            return decoded
         out = q.new_empty(q.shape)
-        if step.decode is not None:
-            _decode_attention(q, slab_k, slab_v, step.decode, out)
+        if decoded is not None:
+            out.index_copy_(0, step.decode.rows, decoded)
         for p in step.prefills:
             out[p.q_start : p.q_end] = _prefill_attention(
                 q[p.q_start : p.q_end], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask
             )
-        if layer == self.num_layers - 1:
-            for seq in batch.seqs:
-                self._slot_len[self._slot_of[seq.key]] = seq.kv_len
         return out
 
     def release(self, key: int) -> None:
@@ -202,6 +208,11 @@ class KVCache:
         self.slab_k, self.slab_v = self._new_slab(capacity), self._new_slab(capacity)
         self.slab_k[:, :used, :, : old_k.shape[3]] = old_k[:, :used]
         self.slab_v[:, :used, :, : old_v.shape[3]] = old_v[:, :used]
+        self._index_layers()
+
+    def _index_layers(self) -> None:
+        """Each layer's pages and slab as views made once (again when the slab grows), not per call."""
+        self._layers = list(zip(self.k.unbind(0), self.v.unbind(0), self.slab_k.unbind(0), self.slab_v.unbind(0)))
 
     def _fill_from_pages(self, slot: int, block_table: list[int], end: int) -> None:
         start = self._slot_len[slot]
@@ -212,16 +223,30 @@ class KVCache:
         self.slab_v[:, slot, :, start:end] = self.v[:, pages].transpose(1, 2)
         self._slot_len[slot] = end
 
-    def _plan_decode(self, decoding: list[tuple[int, int, int]]) -> _Decode:
+    def _slab_index(self, row_slots: list[int], row_positions: list[int]) -> torch.Tensor:
+        """Rows of a layer's slab viewed as [slots * kv_heads * capacity, head_dim] that the new
+        tokens' heads go to, so each layer stores its K (and V) with one index_copy_."""
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        slots, positions = self._index(row_slots)[:, None], self._index(row_positions)[:, None]
+        return ((slots * self.num_kv_heads + heads) * self.capacity + positions).reshape(-1)
+
+    def _plan_decode(self, decoding: list[tuple[int, int, int]], num_rows: int) -> _Decode:
         """decoding: (row, slot, kv_len) per decoding sequence -> metadata shared by every layer."""
         rows, slots, lengths = zip(*decoding)
-        # Slots that do not decode this step see position 0 only: their softmax stays finite.
-        slot_lengths = [1] * (max(slots) + 1)
-        for slot, length in zip(slots, lengths):
-            slot_lengths[slot] = length
-        positions = torch.arange(max(lengths), device=self.device)
-        mask = positions[None, :] < self._index(slot_lengths)[:, None]
-        return _Decode(rows=self._index(rows), slots=self._index(slots), mask=mask[:, None, None, :])
+        num_slots, max_len = max(slots) + 1, max(lengths)
+        in_order = slots == tuple(range(len(slots)))
+        mask = None
+        if not in_order or min(lengths) < max_len:
+            # Slots that do not decode this step see position 0 only: their softmax stays finite.
+            slot_lengths = [1] * num_slots
+            for slot, length in zip(slots, lengths):
+                slot_lengths[slot] = length
+            positions = torch.arange(max_len, device=self.device)
+            mask = (positions[None, :] < self._index(slot_lengths)[:, None])[:, None, None, :]
+        return _Decode(
+            rows=self._index(rows), slots=None if in_order else self._index(slots), num_slots=num_slots,
+            max_len=max_len, mask=mask, rows_are_batch=rows == tuple(range(num_rows)),
+        )
 
     def _index(self, values: list[int] | tuple[int, ...]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -235,33 +260,40 @@ class KVCache:
         return cols[None, :] <= rows[:, None]
 
 
-def _decode_attention(
-    q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tensor, decode: _Decode, out: torch.Tensor
-) -> None:
-    """Every decode row of q [T, H, D] against its slot of slab_k/slab_v, in one call, into out.
+def _decode_attention(q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tensor, decode: _Decode) -> torch.Tensor:
+    """Every decode row of q [T, H, D] against its slot of slab_k/slab_v, in one call -> [N, H, D]
+    in the order of decode.rows.
 
     The rows are scattered to their slots ([S, H, D], zero for slots that do not decode), and the
     query heads sharing a KV head become that head's G query rows ([S, kvH, G, D]), so GQA needs
-    neither expanded K/V nor SDPA's enable_gqa, which measured slower on CPU.
+    neither expanded K/V nor SDPA's enable_gqa, which measured slower on CPU. When the j-th decode
+    row owns slot j (always so for a lone sequence) the scatter and gather are skipped.
     """
-    num_slots, _, _, max_len = decode.mask.shape
+    num_slots, max_len = decode.num_slots, decode.max_len
     num_kv_heads, head_dim = slab_k.shape[1], slab_k.shape[3]
-    slot_q = q.new_zeros((num_slots, q.shape[1], head_dim))
-    slot_q[decode.slots] = q[decode.rows]
+    rows_q = q if decode.rows_are_batch else q.index_select(0, decode.rows)
+    if decode.slots is None:
+        slot_q = rows_q
+    else:
+        slot_q = q.new_zeros((num_slots, q.shape[1], head_dim)).index_copy_(0, decode.slots, rows_q)
     slot_out = F.scaled_dot_product_attention(
-        slot_q.view(num_slots, num_kv_heads, -1, head_dim),
+        slot_q.reshape(num_slots, num_kv_heads, -1, head_dim),
         slab_k[:num_slots, :, :max_len],
         slab_v[:num_slots, :, :max_len],
         attn_mask=decode.mask,
-    )
-    out[decode.rows] = slot_out.reshape(num_slots, -1, head_dim)[decode.slots]
+    ).view(num_slots, -1, head_dim)
+    return slot_out if decode.slots is None else slot_out.index_select(0, decode.slots)
 
 
 def _prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """q [L, H, D] against keys/values [kvH, S, D] -> [L, H, D], causal aligned lower-right."""
+    """q [L, H, D] against keys/values [kvH, S, D] -> [L, H, D], causal aligned lower-right.
+
+    The inputs get a batch dimension because SDPA runs its fused CPU kernel only on 4-D tensors:
+    3-D ones fall back to the unfused math path, ~3x slower at 128 tokens and ~9x at 1,024.
+    """
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+        q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, is_causal=mask is None, enable_gqa=True
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

@@ -21,7 +21,16 @@ def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
 
-class Linear(nn.Module):
+class Module(nn.Module):
+    """nn.Module called straight through to forward: nothing here registers hooks, and
+    nn.Module.__call__'s hook checks cost ~4 us a call, ~150 us of a ~2.5 ms decode step of the
+    embedded model (about 40 calls a step)."""
+
+    def __call__(self, *args: object) -> torch.Tensor:
+        return self.forward(*args)
+
+
+class Linear(Module):
     """nn.Linear without its random initialisation, which costs seconds on large models."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
@@ -33,7 +42,7 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class Embedding(nn.Module):
+class Embedding(Module):
     def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _empty(num_embeddings, dim, dtype=dtype)
@@ -42,13 +51,15 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = _empty(dim, dtype=dtype)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one op instead of four: the same arithmetic in float32
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalise in float32 and scale after casting back, as the reference implementation does.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
@@ -79,29 +90,33 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-class Rotary(nn.Module):
-    """cos/sin tables for every position up to max_position_embeddings, built once in float32."""
+class Rotary(Module):
+    """cos/sin tables for every position up to max_position_embeddings, built once in float32,
+    each as wide as a head: cos repeated for both halves, sin negated for the first half."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inverse_frequencies(config))
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # [T, 1, D/2]: broadcast over heads
+        # [T, 1, D]: broadcast over heads
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The "rotate_half" convention: dims i and i + D/2 form a rotating pair."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    """The "rotate_half" convention: dims i and i + D/2 form a rotating pair. With the sign in
+    the sin table, rotate_half(x) * sin is x rolled by D/2 times it: 4 ops instead of 8, same
+    arithmetic."""
+    if x.dtype != torch.float32:
+        return apply_rotary(x.float(), cos, sin).to(x.dtype)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-class Attention(nn.Module):
+class Attention(Module):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer = layer
@@ -135,7 +150,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(x.shape[0], -1))
 
 
-class MLP(nn.Module):
+class MLP(Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
@@ -146,7 +161,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Module):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
