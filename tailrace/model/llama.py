@@ -58,11 +58,11 @@ class RMSNorm(Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one op instead of four: the same arithmetic in float32
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Normalise in float32 and scale after casting back, as the reference implementation does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # The reference implementation's arithmetic: normalise in float32, scale after casting
+        # back. Spelled out, it measured faster on CPU than F.rms_norm (~10 ops in aten).
+        h = x.float()
+        h = h * (h * h).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return self.weight * h.to(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
