@@ -1,0 +1,172 @@
+"""Attention read straight from the paged KV cache through block tables: the CUDA backend's cache.
+
+`PagedKVCache` has the public interface of `attention.KVCache`, without its slot slab: nothing
+is copied out of the pages. Each step, `begin` sends the batch's metadata (where each sequence's
+rows start, its K/V length, its block table) to the device in one copy, into tensors that keep
+their addresses for CUDA graphs. Attention then runs the Triton kernel on CUDA, or
+`paged_attention_reference` (plain PyTorch, one SDPA call per sequence) where Triton cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.triton_attention import paged_attention_triton, triton_available
+
+
+@dataclass(slots=True)
+class PagedAttentionMetadata:
+    query_start_loc: torch.Tensor  # [B + 1] int32: sequence i owns rows [loc[i], loc[i + 1]) of q
+    seq_lens: torch.Tensor  # [B] int32: K/V length after this step, the new tokens included
+    block_tables: torch.Tensor  # [B, max_blocks] int32: the physical block of each logical block
+    block_size: int
+    max_query_len: int  # at least the longest chunk; the Triton grid is sized by it
+    num_seqs: int  # B, padding sequences (no query rows, seq_len 0) included
+
+
+def paged_attention_reference(
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, meta: PagedAttentionMetadata, scale: float
+) -> torch.Tensor:
+    """q [T, H, D] against k_pages/v_pages [num_blocks * block_size, kvH, D] -> [T, H, D].
+
+    Each sequence's new rows attend to its pages, causal aligned lower-right: row i of a chunk of
+    q_len rows sees positions <= seq_len - q_len + i. Rows that belong to no sequence are zero.
+    """
+    out = q.new_zeros(q.shape)
+    starts = meta.query_start_loc.tolist()
+    for seq, kv_len in enumerate(meta.seq_lens[: meta.num_seqs].tolist()):
+        q_start, q_end = starts[seq], starts[seq + 1]
+        if q_end > q_start:
+            rows = _page_rows(meta.block_tables[seq], kv_len, meta.block_size)
+            out[q_start:q_end] = _chunk_attention(q[q_start:q_end], k_pages[rows], v_pages[rows], scale)
+    return out
+
+
+def _page_rows(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Rows of the paged tensors that hold positions [0, length) of a sequence."""
+    positions = torch.arange(length, device=block_table.device)
+    return block_table[positions // block_size].long() * block_size + positions % block_size
+
+
+def _chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [L, H, D], the last L positions of keys/values [S, kvH, D] -> [L, H, D]."""
+    length = keys.shape[0]
+    query_positions = torch.arange(length - q.shape[0], length, device=q.device)
+    visible = torch.arange(length, device=q.device)[None, :] <= query_positions[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+        attn_mask=visible, scale=scale, enable_gqa=True,
+    )
+    return out.transpose(0, 1)
+
+
+class PagedKVCache:
+    """The paged K/V, read in place by attention through each step's block tables.
+
+    Memory: `num_blocks * bytes_per_block(...)`, plus int32 metadata for max_seqs sequences of up
+    to max_model_len tokens (twice, pinned on the host and on the device, when on CUDA).
+    use_triton: None runs the Triton kernel when the device is CUDA and triton imports; True
+    forces it (on CPU that needs TRITON_INTERPRET=1 set before tailrace imports triton).
+    """
+
+    bytes_per_block = staticmethod(KVCache.bytes_per_block)  # the same pages, and no slab on top
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        max_seqs: int = 64,
+        max_model_len: int | None = None,  # None: as many tokens as the pages hold
+        use_triton: bool | None = None,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.max_seqs = max_seqs
+        self.max_model_len = max_model_len or num_blocks * block_size
+        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+        self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
+        self.scale = head_dim**-0.5
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        # One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
+        # the device side keeps its address for CUDA graphs. On CPU both sides are one tensor.
+        size = 2 * max_seqs + 1 + max_seqs * self.max_blocks_per_seq
+        on_cuda = self.device.type == "cuda"
+        self._meta_device = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self._meta_host = torch.zeros(size, dtype=torch.int32, pin_memory=True) if on_cuda else self._meta_device
+        self._copied = torch.cuda.Event() if on_cuda else None
+        self._batch: AttentionBatch | None = None
+        self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
+
+    @torch.inference_mode()
+    def begin(self, batch: AttentionBatch) -> None:
+        """Send the step's metadata to the device once; every layer's `attend` reads it."""
+        seqs = batch.seqs
+        if len(seqs) > self.max_seqs:
+            raise RuntimeError(f"more than max_seqs={self.max_seqs} sequences in one step")
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copy may still be reading the host buffer
+        used = self._fill_host_metadata(seqs)
+        if self._copied is not None:
+            self._meta_device[:used].copy_(self._meta_host[:used], non_blocking=True)
+            self._copied.record()
+        loc, lens, tables = self._split(self._meta_device)
+        max_query_len = max((seq.q_len for seq in seqs), default=0)
+        self.metadata = PagedAttentionMetadata(loc, lens, tables, self.block_size, max_query_len, len(seqs))
+        self._batch = batch
+
+    @torch.inference_mode()
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence."""
+        if self.metadata is None or batch is not self._batch:
+            raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
+        self.k[layer].index_copy_(0, batch.slot_mapping, k)
+        self.v[layer].index_copy_(0, batch.slot_mapping, v)
+        if not self.use_triton:
+            return paged_attention_reference(q, self.k[layer], self.v[layer], self.metadata, self.scale)
+        out = q.new_empty(q.shape)
+        paged_attention_triton(q, self.k[layer], self.v[layer], self.metadata, out, self.scale)
+        return out
+
+    def release(self, key: int) -> None:
+        """Nothing to free: no state is kept per sequence, its block table comes with every step."""
+
+    def _split(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        loc, lens, tables = flat.split([self.max_seqs + 1, self.max_seqs, self.max_seqs * self.max_blocks_per_seq])
+        return loc, lens, tables.view(self.max_seqs, self.max_blocks_per_seq)
+
+    def _fill_host_metadata(self, seqs: list[SeqSlice]) -> int:
+        """Write the batch's metadata into the host buffer; returns how many leading entries are used."""
+        loc, lens, tables = self._split(self._meta_host)
+        ends = [0]
+        for i, seq in enumerate(seqs):
+            if seq.q_start != ends[-1]:
+                raise ValueError("the sequences' rows must be contiguous and in batch order")
+            if seq.kv_len > self.max_model_len:
+                raise ValueError(f"a sequence of {seq.kv_len} tokens is over max_model_len={self.max_model_len}")
+            ends.append(seq.q_start + seq.q_len)
+            blocks = seq.block_table[: -(-seq.kv_len // self.block_size)]
+            tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        # Slots past the batch are padding: no query rows (their start is the end) and no K/V.
+        loc[: len(ends)] = torch.tensor(ends, dtype=torch.int32)
+        loc[len(ends) :] = ends[-1]
+        lens[: len(seqs)] = torch.tensor([seq.kv_len for seq in seqs], dtype=torch.int32)
+        lens[len(seqs) :] = 0
+        return 2 * self.max_seqs + 1 + len(seqs) * self.max_blocks_per_seq

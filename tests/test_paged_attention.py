@@ -1,0 +1,238 @@
+"""Paged attention: the PyTorch reference, PagedKVCache against KVCache, and the Triton kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrace.model import triton_attention
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.paged_attention import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KV_HEADS, HEAD_DIM = 2, 32
+SCALE = HEAD_DIM**-0.5
+
+# (past, q_len) per sequence: decode rows, prefills from zero, chunks after cached tokens that
+# cross block boundaries, contexts over one kernel tile of keys, and a padding slot (no rows, no
+# K/V) in the middle and at the end.
+MIXED = [(13, 1), (0, 21), (0, 0), (37, 6), (50, 1), (0, 1), (5, 9), (100, 3), (130, 1), (0, 0)]
+NUM_BLOCKS = 40
+
+
+def make_meta(specs: list[tuple[int, int]], block_size: int, num_blocks: int, seed: int) -> PagedAttentionMetadata:
+    """Each sequence gets blocks drawn at random, so no table is in physical order."""
+    g = torch.Generator().manual_seed(seed)
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    counts = [-(-(past + q_len) // block_size) for past, q_len in specs]
+    tables = torch.zeros(len(specs), max(counts), dtype=torch.int32)
+    for row, count in enumerate(counts):
+        tables[row, :count] = torch.tensor([free.pop() for _ in range(count)])
+    q_lens = torch.tensor([q_len for _, q_len in specs])
+    loc = torch.zeros(len(specs) + 1, dtype=torch.int32)
+    loc[1:] = q_lens.cumsum(0)
+    seq_lens = torch.tensor([past + q_len for past, q_len in specs], dtype=torch.int32)
+    return PagedAttentionMetadata(loc, seq_lens, tables, block_size, int(q_lens.max()), len(specs))
+
+
+def random_inputs(specs: list[tuple[int, int]], group: int, num_rows: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """q for every new token, and pages of num_rows random K/V rows."""
+    g = torch.Generator().manual_seed(seed)
+    num_tokens = sum(q_len for _, q_len in specs)
+    q = torch.randn(num_tokens, KV_HEADS * group, HEAD_DIM, generator=g)
+    k_pages = torch.randn(num_rows, KV_HEADS, HEAD_DIM, generator=g)
+    v_pages = torch.randn(num_rows, KV_HEADS, HEAD_DIM, generator=g)
+    return q, k_pages, v_pages
+
+
+def naive_attention(q, k_pages, v_pages, specs, meta) -> torch.Tensor:
+    """Row by row, each query's softmax over exactly the keys it may see: no mask, no SDPA."""
+    group, bs = q.shape[1] // k_pages.shape[1], meta.block_size
+    out, row = torch.zeros_like(q), 0
+    for seq, (past, q_len) in enumerate(specs):
+        table = meta.block_tables[seq].tolist()
+        rows = [table[p // bs] * bs + p % bs for p in range(past + q_len)]
+        keys, values = k_pages[rows].repeat_interleave(group, 1), v_pages[rows].repeat_interleave(group, 1)
+        for seen in range(past + 1, past + q_len + 1):
+            weights = (torch.einsum("hd,shd->hs", q[row], keys[:seen]) * SCALE).softmax(-1)
+            out[row] = torch.einsum("hs,shd->hd", weights, values[:seen])
+            row += 1
+    return out
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_reference_matches_naive_attention_on_a_mixed_batch(group, block_size):
+    meta = make_meta(MIXED, block_size, NUM_BLOCKS, seed=group)
+    q, k_pages, v_pages = random_inputs(MIXED, group, NUM_BLOCKS * block_size, seed=block_size)
+    out = paged_attention_reference(q, k_pages, v_pages, meta, SCALE)
+    torch.testing.assert_close(out, naive_attention(q, k_pages, v_pages, MIXED, meta))
+
+
+# PagedKVCache against KVCache: the same AttentionBatch objects through both, step by step.
+
+LAYERS, BLOCK_SIZE = 2, 16
+TABLES = {0: [3, 7], 1: [0, 5], 2: [7, 3]}  # key 2 reuses key 0's blocks once key 0 is released
+
+
+CACHE_ARGS = (LAYERS, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float32)
+
+
+def make_batch(parts: list[tuple[int, int, int]], device: torch.device | str = "cpu") -> AttentionBatch:
+    """parts: (key, past, q_len) per sequence, in row order."""
+    seqs, slots, row = [], [], 0
+    for key, past, q_len in parts:
+        table = TABLES[key]
+        seqs.append(SeqSlice(key, row, q_len, past + q_len, table))
+        slots += [table[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(past, past + q_len)]
+        row += q_len
+    return AttentionBatch(seqs, torch.tensor(slots, dtype=torch.int64, device=device))
+
+
+def assert_same_step(expected_cache, actual_cache, parts: list[tuple[int, int, int]], seed: int) -> None:
+    device = actual_cache.device
+    batch = make_batch(parts, device)
+    num_tokens = sum(q_len for _, _, q_len in parts)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(num_tokens, 2 * KV_HEADS, HEAD_DIM, generator=g).to(device)
+    k, v = torch.randn(2, num_tokens, KV_HEADS, HEAD_DIM, generator=g).to(device)
+    expected_cache.begin(batch)
+    actual_cache.begin(batch)
+    for layer in range(LAYERS):
+        expected = expected_cache.attend(layer, q * (layer + 1), k, v, batch)
+        actual = actual_cache.attend(layer, q * (layer + 1), k, v, batch)
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+def run_against_kv_cache(paged: PagedKVCache) -> None:
+    """A prefill, a chunked prefill beside decodes, decodes, a release and a sequence reusing blocks."""
+    kv = KVCache(*CACHE_ARGS, device=paged.device, max_seqs=4)
+    before_release = [
+        [(0, 0, 20)],
+        [(0, 20, 1), (1, 0, 12)],
+        [(0, 21, 1), (1, 12, 10)],
+        *([(0, 22 + i, 1), (1, 22 + i, 1)] for i in range(3)),
+    ]
+    after_release = [[(1, 25, 1), (2, 0, 18)], *([(1, 26 + i, 1), (2, 18 + i, 1)] for i in range(2))]
+    for seed, parts in enumerate(before_release):
+        assert_same_step(kv, paged, parts, seed)
+    kv.release(0)
+    paged.release(0)
+    for seed, parts in enumerate(after_release, start=len(before_release)):
+        assert_same_step(kv, paged, parts, seed)
+    torch.testing.assert_close(paged.k, kv.k)
+    torch.testing.assert_close(paged.v, kv.v)
+
+
+def test_paged_cache_matches_kv_cache_step_by_step():
+    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False))
+
+
+def test_paged_cache_has_the_kv_cache_page_size():
+    args = (3, 2, 8, 16, torch.bfloat16)
+    assert PagedKVCache.bytes_per_block(*args) == KVCache.bytes_per_block(*args)
+
+
+def test_smaller_batch_turns_the_remaining_slots_into_padding():
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)
+    cache.begin(make_batch([(0, 0, 5), (1, 0, 3), (2, 0, 4)]))
+    cache.begin(make_batch([(1, 3, 2)]))
+    meta = cache.metadata
+    assert meta.num_seqs == 1 and meta.max_query_len == 2
+    assert meta.query_start_loc.tolist() == [0, 2, 2, 2, 2]
+    assert meta.seq_lens.tolist() == [5, 0, 0, 0]
+    assert meta.block_tables[0, :1].tolist() == TABLES[1][:1]
+
+
+def test_rows_out_of_batch_order_raise():
+    cache = PagedKVCache(*CACHE_ARGS, use_triton=False)
+    seqs = [SeqSlice(0, 1, 1, 4, TABLES[0]), SeqSlice(1, 0, 1, 4, TABLES[1])]
+    with pytest.raises(ValueError, match="batch order"):
+        cache.begin(AttentionBatch(seqs, torch.tensor([0, 1])))
+
+
+def test_more_sequences_than_max_seqs_raises():
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, use_triton=False)
+    with pytest.raises(RuntimeError, match="max_seqs"):
+        cache.begin(make_batch([(0, 0, 1), (1, 0, 1), (2, 0, 1)]))
+
+
+def test_attend_without_begin_raises():
+    cache = PagedKVCache(*CACHE_ARGS, use_triton=False)
+    batch = make_batch([(0, 0, 2)])
+    q = torch.zeros(2, 2 * KV_HEADS, HEAD_DIM)
+    with pytest.raises(RuntimeError, match="begin"):
+        cache.attend(0, q, q[:, :KV_HEADS], q[:, :KV_HEADS], batch)
+
+
+# The Triton kernel: interpreted on CPU tensors here, compiled where there is a GPU.
+
+
+@pytest.fixture
+def triton_interpreter():
+    """Skip without triton; without a GPU, run Triton code on CPU tensors in triton's interpreter.
+
+    Triton picks the interpreter when a function is decorated, if TRITON_INTERPRET=1 is set then.
+    Other test modules import triton earlier without it (torch._dynamo does, on import), so the
+    fixture turns the compiled path into the interpreter itself. It also patches triton 3.6's
+    interpreter for numpy >= 2.4, which refuses int() of the 1-element arrays that hold scalars,
+    such as loop bounds (triton-lang/triton#9171, fixed after 3.6).
+    """
+    pytest.importorskip("triton")
+    if DEVICE == "cuda":
+        yield
+        return
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    def interpret_call(jit_function, *args, **kwargs):
+        return interpreter.InterpretedFunction(jit_function.fn)(*args, **kwargs)
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_and_index(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    kernel = interpreter.InterpretedFunction(triton_attention._paged_attention_kernel.fn)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.setattr(JITFunction, "__call__", interpret_call)  # triton.language's own jit functions
+        mp.setattr(triton_attention, "_paged_attention_kernel", kernel)
+        mp.setattr(interpreter, "_patch_lang_tensor", patch_tensor_and_index)
+        yield
+
+
+def on_device(meta: PagedAttentionMetadata, max_query_len: int) -> PagedAttentionMetadata:
+    loc, lens, tables = (t.to(DEVICE) for t in (meta.query_start_loc, meta.seq_lens, meta.block_tables))
+    return PagedAttentionMetadata(loc, lens, tables, meta.block_size, max_query_len, meta.num_seqs)
+
+
+# triton's interpreter multiplies bfloat16 tiles wrongly (tl.dot on bf16 gives garbage on CPU).
+BF16_NEEDS_GPU = pytest.mark.skipif(DEVICE == "cpu", reason="triton's interpreter mishandles bf16 tl.dot")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [(torch.float32, None), (torch.float16, 2e-2), pytest.param(torch.bfloat16, 2e-2, marks=BF16_NEEDS_GPU)],
+    ids=["fp32", "fp16", "bf16"],
+)
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.usefixtures("triton_interpreter")
+def test_triton_kernel_matches_reference_and_leaves_other_rows_alone(group, dtype, tolerance):
+    meta = make_meta(MIXED, BLOCK_SIZE, NUM_BLOCKS, seed=group)
+    inputs = random_inputs(MIXED, group, NUM_BLOCKS * BLOCK_SIZE, seed=group)
+    q, k_pages, v_pages = (t.to(DEVICE, dtype) for t in inputs)
+    # Rows of no sequence at the end (a padded CUDA-graph batch), and a max_query_len bucket above
+    # the longest chunk: the programs with no rows must exit without writing.
+    padded_q = torch.cat([q, torch.randn_like(q[:3])])
+    out = torch.full_like(padded_q, 7.0)
+    triton_attention.paged_attention_triton(padded_q, k_pages, v_pages, on_device(meta, 32), out, SCALE)
+    expected = paged_attention_reference(*(t.float().cpu() for t in (q, k_pages, v_pages)), meta, SCALE)
+    torch.testing.assert_close(out[: q.shape[0]].float().cpu(), expected, atol=tolerance, rtol=tolerance)
+    assert (out[q.shape[0] :] == 7.0).all()
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+def test_paged_cache_on_the_triton_path_matches_kv_cache():
+    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, device=DEVICE, max_seqs=4, use_triton=True))
