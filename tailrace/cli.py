@@ -18,9 +18,10 @@ from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS,
 log = logging.getLogger("tailrace")
 
 _ENGINE_FLAGS = {
-    "dtype": (str, "weights and compute dtype: auto (float32 on CPU), float32, bfloat16, float16"),
+    "dtype": (str, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16"),
     "load_format": (str, "auto (safetensors) or dummy (random weights from config.json)"),
-    "device": (str, "cpu (the only backend in this build)"),
+    "device": (str, "auto (cuda when a GPU is visible, else cpu), cpu or cuda"),
+    "attention": (str, "KV cache layout: auto (slab on CPU, paged on CUDA), slab or paged"),
     "max_num_seqs": (int, "most sequences in one batch"),
     "max_num_batched_tokens": (int, "token budget of one engine step (chunked prefill)"),
     "block_size": (int, "tokens per KV cache block"),
@@ -38,13 +39,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         shown = "" if defaults[name] is None else f" (default: {defaults[name]})"
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name], help=help_text + shown)
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: run decode steps eagerly")
     parser.add_argument("--in-process", action="store_true",
                         help="run the engine core on a thread of this process (debugging)")
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, enable_prefix_caching=not args.no_prefix_caching,
-                        in_process=args.in_process, **{name: getattr(args, name) for name in _ENGINE_FLAGS})
+                        enforce_eager=args.enforce_eager, in_process=args.in_process,
+                        **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 
 
 # Limits field -> (flag, type, help); defaults come from the dataclass.
@@ -153,8 +156,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     def log_ready() -> None:
         info = engine.info
-        log.info("model %s (%s) from %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
-                 name, "embedded" if args.model is None else "local", config.model_path, info.dtype,
+        log.info("model %s (%s) from %s, %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
+                 name, "embedded" if args.model is None else "local", config.model_path, info.device, info.dtype,
                  info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
         log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from tailrace.engine.config import EngineConfig
-from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
 from tailrace.engine.output_processor import OutputProcessor
 from tailrace.outputs import CompletionOutput, RequestOutput
 from tailrace.sampling_params import SamplingParams
@@ -41,13 +41,23 @@ class LLM:
                 request_id, ids, [CompletionOutput(j, logprobs=[] if params.logprobs is not None else None)
                                   for j in range(params.n)],
                 prompt=prompt if isinstance(prompt, str) else None)
-        while self.core.has_work():
-            processed = processor.process(self.core.step())
-            for request_id, sibling in processed.to_abort:
-                self.core.abort(request_id, [sibling])
-            for delta in processed.deltas:
-                _accumulate(results[delta.request_id], delta)
+        unprocessed: list[SeqOutput] = []  # on CUDA, a step's outputs are detokenized during the next
+        while self.core.has_work() or unprocessed:
+            step = self.core.launch() if self.core.has_work() else None
+            self._process(processor, unprocessed, results)
+            unprocessed = [] if step is None else self.core.collect(step)
+            if not self.core.runner.asynchronous:
+                self._process(processor, unprocessed, results)
+                unprocessed = []
         return list(results.values())
+
+    def _process(self, processor: OutputProcessor, outputs: list[SeqOutput],
+                 results: dict[str, RequestOutput]) -> None:
+        processed = processor.process(outputs)
+        for request_id, sibling in processed.to_abort:
+            self.core.abort(request_id, [sibling])
+        for delta in processed.deltas:
+            _accumulate(results[delta.request_id], delta)
 
 
 def _accumulate(whole: RequestOutput, delta: RequestOutput) -> None:

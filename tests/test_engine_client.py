@@ -7,6 +7,7 @@ import pytest
 from tailrace.engine.client import EngineClient, EngineDeadError, RequestFailedError
 from tailrace.engine.output_processor import OutputProcessor
 from tailrace.engine.config import EngineConfig
+from tailrace.engine.model_runner import ModelRunner
 from tailrace.llm import LLM
 from tailrace.sampling_params import SamplingParams
 
@@ -150,3 +151,40 @@ def test_death_is_announced_to_waiters(tiny_checkpoint):
         return reason
 
     assert "exited" in asyncio.run(main())
+
+
+def test_outputs_held_back_a_step_as_on_cuda_arrive_whole_and_aborts_still_free_memory(tiny_checkpoint, monkeypatch):
+    # On CUDA the core sends a step's outputs while the device runs the next step.
+    params = SamplingParams(max_tokens=16, temperature=0, logprobs=1, ignore_eos=True)
+    prompts = {"a": [5, 6, 7, 8, 9], "b": [10, 11, 12]}
+    offline = {rid: out.outputs[0] for rid, out in
+               zip(prompts, LLM(tiny_checkpoint, threads=1).generate(list(prompts.values()), params))}
+    monkeypatch.setattr(ModelRunner, "asynchronous", property(lambda self: True))
+
+    async def main():
+        client = await EngineClient.start(config(tiny_checkpoint, in_process=True))
+        try:
+            idle = client.stats().num_free_blocks
+            long = client.add_request("long", [5, 6], SamplingParams(max_tokens=400, ignore_eos=True))
+            await long.__anext__()
+            streams = [collect(client, rid, ids, params) for rid, ids in prompts.items()]
+            joined = await asyncio.gather(*streams)
+            await long.aclose()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if client.stats().num_running == 0 and client.stats().num_free_blocks == idle:
+                    break
+            return dict(zip(prompts, joined)), client.stats().num_free_blocks == idle
+        finally:
+            await client.shutdown()
+
+    deltas, freed = asyncio.run(main())
+    for rid, want in offline.items():
+        mine = [d.outputs[0] for d in deltas[rid]]
+        assert [t for o in mine for t in o.token_ids] == want.token_ids
+        assert "".join(o.text for o in mine) == want.text
+        # The long request shares the batch here and not offline: logprobs match to rounding.
+        got = [lp.logprob for o in mine for lp in o.logprobs]
+        assert got == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-4)
+        assert [o.finish_reason for o in mine if o.finish_reason] == ["length"]
+    assert freed

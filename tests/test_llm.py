@@ -2,6 +2,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tailrace import LLM, SamplingParams
+from tailrace.engine.model_runner import ModelRunner
 
 PROMPTS = ["The list type", "Return a new", "json.dumps", "If the file does not exist,",
            "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n<|im_start|>assistant\n"]
@@ -52,3 +53,24 @@ def test_token_id_prompts_and_per_prompt_params(embedded_model):
                                                  SamplingParams(max_tokens=3, temperature=0)])
     assert outs[0].prompt_token_ids == outs[1].prompt_token_ids == ids
     assert outs[1].outputs[0].token_ids == outs[0].outputs[0].token_ids[:3]
+
+
+def test_detokenizing_during_the_next_step_as_on_cuda_changes_no_output(embedded_model, monkeypatch):
+    # On CUDA generate() detokenizes a step's outputs while the device runs the next one, so a
+    # stop string aborts its sequence a step late: the extra token must never show.
+    greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    stop = LLM(threads=1).generate(PROMPTS[:1], greedy)[0].outputs[0].text[8:12]
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop]),
+              SamplingParams(n=2, max_tokens=20, temperature=1.0, seed=5, logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, prompt_logprobs=1)]
+
+    def outputs(llm: LLM) -> list:
+        return [(o.prompt_logprobs, [(c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
+                                     for c in o.outputs]) for o in llm.generate(PROMPTS[:3], params)]
+
+    want = outputs(LLM(threads=1))
+    assert want[0][1][0][3:] == ("stop", stop)
+    monkeypatch.setattr(ModelRunner, "asynchronous", property(lambda self: True))
+    llm = LLM(threads=1)
+    assert outputs(llm) == want
+    assert llm.core.blocks.num_free_blocks == llm.core.blocks.num_blocks

@@ -168,6 +168,13 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits
     assert penalised.tolist() == [[1.0, -4.0, 1.0, -1.0, 1.5]]
 
 
+def test_a_vanishing_repetition_penalty_still_samples_inside_the_vocabulary():
+    # A positive seen logit divided by ~1e-266 overflows; it must become the favourite, not NaN.
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    row = _row(prompt=[0, 1], temperature=1.0, top_p=0.25, repetition_penalty=4.6e-266, seed=1)
+    assert sample(logits, [row]).token_ids == [0]
+
+
 def test_presence_and_frequency_penalties_count_output_tokens_only():
     logits = torch.zeros(1, 5)
     row = _row(prompt=[0, 1], output=[2, 2, 3], frequency_penalty=0.5, presence_penalty=1.0)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent.parent / "models" / "tiny")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "slab", "paged")
 
 
 @dataclass(slots=True)
@@ -14,7 +16,9 @@ class EngineConfig:
     model: str | None = None  # None: the embedded tiny model
     dtype: str = "auto"
     load_format: str = "auto"  # "dummy": random weights from config.json alone
-    device: str = "cpu"
+    device: str = "auto"  # cuda when a GPU is visible, else cpu
+    attention: str = "auto"  # the KV layout: "slab" on CPU, "paged" (block tables) on CUDA
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16
@@ -38,6 +42,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.kv_cache_memory_gb <= 0 and self.num_kv_blocks is None:
             raise ValueError("kv_cache_memory_gb must be positive")
+        if self.device.partition(":")[0] not in DEVICES:
+            raise ValueError(f"unsupported device {self.device!r}; supported: {', '.join(DEVICES)} (or cuda:N)")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"unsupported attention {self.attention!r}; supported: {', '.join(ATTENTION_BACKENDS)}")
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: object) -> "EngineConfig":
@@ -46,3 +54,20 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
         return cls(model=model, **kwargs)  # type: ignore[arg-type]
+
+
+def resolve_device(device: str, cuda_available: bool) -> str:
+    """"auto" is cuda when a GPU is visible, else cpu; asking for cuda without one is an error."""
+    if device == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise ValueError(f"device {device!r} was asked for, but no CUDA GPU is visible")
+    return device
+
+
+def resolve_attention(attention: str, device: str) -> str:
+    """"auto" is the slot slab on CPU (measured faster there) and paged attention (the Triton kernel
+    over block tables) on CUDA."""
+    if attention == "auto":
+        return "paged" if device.startswith("cuda") else "slab"
+    return attention

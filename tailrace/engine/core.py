@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
 from tailrace.engine.config import EngineConfig
-from tailrace.engine.model_runner import ModelRunner
+from tailrace.engine.model_runner import LaunchedStep, ModelRunner
 from tailrace.engine.sampler import make_generator
-from tailrace.engine.scheduler import Scheduler
+from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
 from tailrace.engine.structured import GrammarCompiler
 from tailrace.engine.stats import EngineStats
@@ -35,6 +35,14 @@ class SeqOutput:
     stop_reason: int | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A scheduled step on its way through the model (see EngineCore.launch)."""
+
+    scheduled: list[ScheduledSeq]
+    launched: LaunchedStep
 
 
 class EngineCore:
@@ -99,17 +107,32 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self) -> list[SeqOutput]:
+        step = self.launch()
+        return [] if step is None else self.collect(step)
+
+    def launch(self) -> PendingStep | None:
+        """Schedule a step and queue it on the model; None when nothing can run now.
+
+        On CUDA this returns while the device computes, and until `collect` the caller may add
+        requests and abort them (an aborted sequence's result is dropped); it must not launch again.
+        """
         sched = self.scheduler.schedule()
         for seq in sched.preempted:
             self.runner.release(seq.seq_id)
             if not seq.prompt_logprobs_sent:
                 seq.prompt_logprobs = None
         if not sched.scheduled:
-            return []
-        results = self.runner.execute(sched.scheduled, self.eos_token_ids)
+            return None
+        return PendingStep(sched.scheduled, self.runner.launch(sched.scheduled, self.eos_token_ids))
+
+    def collect(self, step: PendingStep) -> list[SeqOutput]:
+        """Wait for the launched step and apply its tokens: what each sequence gained."""
+        results = self.runner.collect(step.launched)
         outputs: list[SeqOutput] = []
-        for item, res in zip(sched.scheduled, results):
+        for item, res in zip(step.scheduled, results):
             seq, reached_end = item.seq, item.samples
+            if seq.status is Status.FINISHED:
+                continue  # aborted while the step ran
             seq.num_computed_tokens += item.num_new_tokens
             self.blocks.register_full_blocks(seq)
             if res.prompt_logprobs is not None:

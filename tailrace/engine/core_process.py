@@ -38,6 +38,7 @@ class ReadyMsg(msgspec.Struct, tag="ready"):
     block_size: int
     vocab_size: int
     dtype: str
+    device: str  # "cpu" or "cuda": what "auto" became
     stats: EngineStats
 
 
@@ -71,8 +72,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         return
     mc = core.runner.model_config
     dtype = str(next(core.runner.model.parameters()).dtype).removeprefix("torch.")
-    conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks,
-                                            config.block_size, mc.vocab_size, dtype, core.stats())))
+    conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
+                                            mc.vocab_size, dtype, core.runner.device.type, core.stats())))
     try:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):
@@ -86,24 +87,44 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
 
 
 def _loop(core: EngineCore, conn: Connection) -> None:
+    unsent: list[SeqOutput] | None = None  # a step's outputs, held back to go out during the next
     while True:
-        outputs: list[SeqOutput] = []
-        handled = False
-        timeout = 0 if core.has_work() else None
-        while conn.poll(timeout):
-            msg = to_core_decoder.decode(conn.recv_bytes())
-            if isinstance(msg, ShutdownMsg):
-                return
-            handled = True
-            timeout = 0
-            if isinstance(msg, AddMsg):
-                try:
-                    core.add_request(msg.request)
-                except ValueError as exc:
-                    conn.send_bytes(encoder.encode(RequestErrorMsg(msg.request.request_id, str(exc))))
-            else:
-                outputs.extend(core.abort(msg.request_id, msg.siblings))
-        if core.has_work():
-            outputs.extend(core.step())
-        if outputs or handled:
+        step = core.launch() if core.has_work() else None
+        # On CUDA the device runs the step now: send the last one's outputs and take in messages
+        # meanwhile. On CPU the step has already run, and nothing is ever held back.
+        if unsent is not None:
+            conn.send_bytes(encoder.encode(OutputsMsg(unsent, core.stats())))
+            unsent = None
+        outputs, handled, shutdown = _receive(core, conn)
+        if shutdown:
+            return
+        if step is not None:
+            outputs.extend(core.collect(step))
+        if not (outputs or handled):
+            continue
+        if step is not None and core.runner.asynchronous and core.has_work():
+            unsent = outputs
+        else:
             conn.send_bytes(encoder.encode(OutputsMsg(outputs, core.stats())))
+
+
+def _receive(core: EngineCore, conn: Connection) -> tuple[list[SeqOutput], bool, bool]:
+    """Handle the messages that have arrived, waiting for one when the core has nothing to do:
+    (the outputs of aborts, whether any message came, whether it was told to shut down)."""
+    outputs: list[SeqOutput] = []
+    handled = False
+    timeout = 0 if core.has_work() else None
+    while conn.poll(timeout):
+        msg = to_core_decoder.decode(conn.recv_bytes())
+        if isinstance(msg, ShutdownMsg):
+            return outputs, handled, True
+        handled = True
+        timeout = 0
+        if isinstance(msg, AddMsg):
+            try:
+                core.add_request(msg.request)
+            except ValueError as exc:
+                conn.send_bytes(encoder.encode(RequestErrorMsg(msg.request.request_id, str(exc))))
+        else:
+            outputs.extend(core.abort(msg.request_id, msg.siblings))
+    return outputs, handled, False

@@ -1,4 +1,10 @@
-"""One engine step on the model: a flat batch of every scheduled token, logits only where needed."""
+"""One engine step on the model: a flat batch of every scheduled token, logits only where needed.
+
+A step is launched, then collected. `launch` queues everything up to the sampled token ids (on
+CUDA it returns while the device still works, the results on their way to pinned host memory);
+`collect` waits for them once and turns them into StepResults. On CPU, `launch` has done all the
+work by the time it returns.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
-from tailrace.engine.config import EngineConfig
-from tailrace.engine.sampler import SamplingRow, make_generator, prompt_logprobs, sample
+from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
+from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
+from tailrace.engine.sampler import (
+    PendingLogprobs, PendingSample, SamplingRow, make_generator, start_prompt_logprobs, start_sample,
+)
 from tailrace.engine.scheduler import ScheduledSeq
+from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured import MaskJob, MaskWorker
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.engine.transfer import record_event, to_device
+from tailrace.model.attention import KVCache
 from tailrace.model.loader import load_model
+from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
 
 
@@ -23,14 +35,38 @@ class StepResult:
     prompt_logprobs: list[TokenLogprob] | None = None  # for the prompt tokens this chunk predicted
 
 
+@dataclass(slots=True)
+class LogitRows:
+    """Which rows of the flat batch need logits, and what for."""
+
+    rows: list[int]  # rows of the batch, ascending
+    prompt_spans: list[tuple[int, int, int, int]]  # (item, first index in rows, start pos, end pos)
+    samplers: list[tuple[int, int]]  # (item, index in rows)
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose results may still be on their way from the device."""
+
+    num_items: int
+    prompt_logprobs: list[tuple[int, PendingLogprobs]]  # (item, its prompt logprobs)
+    sampled: PendingSample | None  # one row per sampling item, in order
+    sampling_items: list[int]
+    done: torch.cuda.Event | None  # recorded after the copies to the host; None on CPU
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         # One core stays free for the API process (JSON, detokenizing); on 2 cores that is 1 thread.
         torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 2) - 1))
-        self.device = torch.device(config.device)
+        self.device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
+        if self.device.type == "cuda":
+            # Events, graphs and Triton launches use the current device (per thread): make it this one.
+            torch.cuda.set_device(self.device.index or 0)
+        self.attention = resolve_attention(config.attention, str(self.device))
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
-            device=config.device, seed=config.seed,
+            device=str(self.device), seed=config.seed,
         )
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -41,38 +77,78 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or int(config.kv_cache_memory_gb * 2**30 // per_block)
         if self.num_blocks < 1:
             raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
-        self.cache = KVCache(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
-                             self.num_blocks, config.block_size, dtype, config.device,
-                             max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+        cache_args = (mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim)
+        if self.attention == "paged":
+            # One block past those the block manager hands out: the scratch block of padding rows.
+            self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
+                                      max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+            scratch_block = self.num_blocks
+        else:
+            self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
+                                 max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+            scratch_block = None
+        self.inputs = StepInputBuilder(max(config.max_num_batched_tokens, config.max_num_seqs), config.block_size,
+                                       scratch_block, self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and self.attention == "paged" and not config.enforce_eager:
+            self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether `launch` returns before the device has finished the step."""
+        return self.device.type == "cuda"
 
     def release(self, seq_id: int) -> None:
         self.cache.release(seq_id)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq], eos_token_ids: list[int]) -> list[StepResult]:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        slices: list[SeqSlice] = []
-        bs = self.block_size
-        for item in scheduled:
-            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
-            slices.append(SeqSlice(seq.seq_id, len(input_ids), n, start + n, seq.block_table))
-            input_ids.extend(seq.token_slice(start, start + n))
-            positions.extend(range(start, start + n))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-        batch = AttentionBatch(slices, torch.tensor(slots, dtype=torch.int64, device=self.device))
-        self.cache.begin(batch)
+    def launch(self, scheduled: list[ScheduledSeq], eos_token_ids: list[int]) -> LaunchedStep:
+        """Queue the step's forward and sampling; `collect` reads the results. Nothing here waits
+        for the device on the common path (see sampler for the exceptions)."""
+        graph_size = None if self.graphs is None else decode_size(self.graphs.sizes, scheduled)
+        inputs = self.inputs.build(scheduled, pad_to=graph_size or 0)
+        self.cache.begin(inputs.batch)
         masks = self._start_masks(scheduled)
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            torch.tensor(positions, dtype=torch.int64, device=self.device),
-            batch, self.cache,
-        )
-        return self._sample(scheduled, slices, hidden, eos_token_ids, masks)
+        need = _logit_rows(scheduled, inputs)
+        if graph_size is not None:
+            logits = _take_rows(self.graphs.replay(graph_size), need.rows)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache)
+            logits = self.model.compute_logits(_take_rows(hidden, need.rows))
+        step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
+        for i, first, start, end in need.prompt_spans:
+            seq = scheduled[i].seq
+            pending = start_prompt_logprobs(logits[first:first + end - start], seq.prompt_token_ids[start:end + 1],
+                                            seq.params.prompt_logprobs or 0)
+            step.prompt_logprobs.append((i, pending.to_host()))
+        if need.samplers:
+            picked = _take_rows(logits, [r for _, r in need.samplers])
+            if masks is not None:
+                constrained, job = masks
+                row_of = {i: j for j, i in enumerate(step.sampling_items)}
+                job.apply(picked, [row_of[i] for i in constrained])
+            seqs = [scheduled[i].seq for i in step.sampling_items]
+            step.sampled = start_sample(picked, [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
+                                                             s.generator, eos_token_ids) for s in seqs],
+                                        self.shared_generator).to_host()
+        step.done = record_event(self.device)
+        return step
+
+    def collect(self, step: LaunchedStep) -> list[StepResult]:
+        """The launched step's results, one per scheduled item: the step's one wait for the device."""
+        if step.done is not None:
+            step.done.synchronize()
+        results = [StepResult() for _ in range(step.num_items)]
+        for i, pending in step.prompt_logprobs:
+            results[i].prompt_logprobs = pending.resolve()
+        if step.sampled is not None:
+            out = step.sampled.resolve()
+            for j, i in enumerate(step.sampling_items):
+                results[i].token_id = out.token_ids[j]
+                results[i].logprob = out.logprobs[j]
+        return results
 
     def _start_masks(self, scheduled: list[ScheduledSeq]) -> tuple[list[int], MaskJob] | None:
         """Grammar masks for the items that sample under a constraint this step, filled while the
@@ -84,45 +160,29 @@ class ModelRunner:
             return None
         return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained])
 
-    def _sample(self, scheduled: list[ScheduledSeq], slices: list[SeqSlice], hidden: torch.Tensor,
-                eos_token_ids: list[int], masks: tuple[list[int], MaskJob] | None) -> list[StepResult]:
-        results = [StepResult() for _ in scheduled]
-        rows: list[int] = []  # rows of `hidden` that need logits
-        prompt_spans: list[tuple[int, int, int, int]] = []  # (item, first index in rows, start pos, end pos)
-        samplers: list[tuple[int, int]] = []  # (item, index in rows)
-        for i, (item, sl) in enumerate(zip(scheduled, slices)):
-            seq = item.seq
-            if seq.wants_prompt_logprobs:
-                # Logits at position p predict prompt token p + 1.
-                start = seq.num_computed_tokens
-                end = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
-                if end > start:
-                    prompt_spans.append((i, len(rows), start, end))
-                    rows.extend(range(sl.q_start, sl.q_start + end - start))
-            if item.samples and seq.max_tokens > 0:
-                samplers.append((i, len(rows)))
-                rows.append(sl.q_start + sl.q_len - 1)
-        if not rows:
-            return results
-        if len(rows) < hidden.shape[0]:  # else every row samples (a decode-only step), in order
-            hidden = hidden[torch.tensor(rows, device=hidden.device)]
-        logits = self.model.compute_logits(hidden)
-        for i, first, start, end in prompt_spans:
-            seq = scheduled[i].seq
-            results[i].prompt_logprobs = prompt_logprobs(
-                logits[first:first + end - start], seq.prompt_token_ids[start:end + 1],
-                seq.params.prompt_logprobs or 0,
-            )
-        if samplers:
-            seqs = [scheduled[i].seq for i, _ in samplers]
-            picked = logits if len(samplers) == len(rows) else logits[torch.tensor([r for _, r in samplers])]
-            if masks is not None:
-                constrained, job = masks
-                row_of = {i: j for j, (i, _) in enumerate(samplers)}
-                job.apply(picked, [row_of[i] for i in constrained])
-            out = sample(picked, [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
-                                              eos_token_ids) for s in seqs], self.shared_generator)
-            for j, (i, _) in enumerate(samplers):
-                results[i].token_id = out.token_ids[j]
-                results[i].logprob = out.logprobs[j]
-        return results
+
+def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
+    """The rows that need logits: the last row of each item that samples, and the rows that
+    predict prompt tokens for prompt_logprobs."""
+    need = LogitRows([], [], [])
+    for i, (item, sl) in enumerate(zip(scheduled, inputs.batch.seqs)):
+        seq = item.seq
+        if seq.wants_prompt_logprobs:
+            # Logits at position p predict prompt token p + 1.
+            start = seq.num_computed_tokens
+            end = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
+            if end > start:
+                need.prompt_spans.append((i, len(need.rows), start, end))
+                need.rows.extend(range(sl.q_start, sl.q_start + end - start))
+        if item.samples and seq.max_tokens > 0:
+            need.samplers.append((i, len(need.rows)))
+            need.rows.append(sl.q_start + sl.q_len - 1)
+    return need
+
+
+def _take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows] for ascending distinct rows: a view when they are the first len(rows) rows (every
+    row of a decode step samples, so that is the common case)."""
+    if not rows or rows[-1] == len(rows) - 1:
+        return t[: len(rows)]
+    return t[to_device(rows, t.device)]

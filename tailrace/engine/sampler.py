@@ -2,6 +2,10 @@
 
 Everything is batched over the step's rows as tensors; per-row Python only builds small index
 tensors. Rows that ask for nothing unusual (the common case) skip the penalty work entirely.
+
+`start_sample` only queues the work: on CUDA nothing in it waits for the device, except the
+penalty and fallback paths (torch.unique, one any()), so the engine reads every result back with
+one wait per step (`PendingSample.to_host`, then `resolve`). `sample` does both at once.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from tailrace.engine.transfer import to_device, to_host
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
 
@@ -35,6 +40,49 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # None for rows with params.logprobs None
 
 
+@dataclass(slots=True)
+class PendingLogprobs:
+    """Logprobs still where they were computed: each row's at its target, and its ks[r] best."""
+
+    chosen: torch.Tensor  # [R]
+    top_values: torch.Tensor | None  # [R, max(ks)], best first; None when every k is 0
+    top_ids: torch.Tensor | None
+    ks: list[int]
+
+    def to_host(self) -> "PendingLogprobs":
+        top = (None, None) if self.top_values is None else (to_host(self.top_values), to_host(self.top_ids))
+        return PendingLogprobs(to_host(self.chosen), *top, self.ks)
+
+    def resolve(self) -> list[TokenLogprob]:
+        chosen = self.chosen.tolist()
+        if self.top_values is None:
+            return [TokenLogprob(logprob=value) for value in chosen]
+        values, ids = self.top_values.tolist(), self.top_ids.tolist()
+        return [TokenLogprob(logprob=chosen[r], top=list(zip(ids[r][:k], values[r][:k])))
+                for r, k in enumerate(self.ks)]
+
+
+@dataclass(slots=True)
+class PendingSample:
+    """One step's sampled tokens (and logprobs) before they are read back."""
+
+    token_ids: torch.Tensor  # [R] int64
+    logprobs: PendingLogprobs | None  # for logprob_rows, in order
+    logprob_rows: list[int]
+
+    def to_host(self) -> "PendingSample":
+        logprobs = None if self.logprobs is None else self.logprobs.to_host()
+        return PendingSample(to_host(self.token_ids), logprobs, self.logprob_rows)
+
+    def resolve(self) -> SamplerOutput:
+        token_ids = self.token_ids.tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(token_ids)
+        if self.logprobs is not None:
+            for row, entry in zip(self.logprob_rows, self.logprobs.resolve()):
+                logprobs[row] = entry
+        return SamplerOutput(token_ids, logprobs)
+
+
 def make_generator(seed: int) -> torch.Generator:
     """A CPU generator for one seeded request.
 
@@ -47,10 +95,17 @@ def make_generator(seed: int) -> torch.Generator:
     return generator
 
 
-@torch.inference_mode()
 def sample(
     logits: torch.Tensor, rows: list[SamplingRow], shared_generator: torch.Generator | None = None
 ) -> SamplerOutput:
+    """`start_sample`, read back at once."""
+    return start_sample(logits, rows, shared_generator).resolve()
+
+
+@torch.inference_mode()
+def start_sample(
+    logits: torch.Tensor, rows: list[SamplingRow], shared_generator: torch.Generator | None = None
+) -> PendingSample:
     """Pick one token per row from `logits` [B, V] (float32, one row per SamplingRow).
 
     Order: logit_bias, min_tokens masking, repetition penalty, presence/frequency penalties, then
@@ -62,29 +117,39 @@ def sample(
     penalised = _apply_penalties(logits, rows)
     greedy = [i for i, row in enumerate(rows) if row.params.greedy]
     random = [i for i, row in enumerate(rows) if not row.params.greedy]
-    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-    if greedy:
-        tokens[greedy] = _argmax(_take(penalised, greedy))
-    if random:
+    if not random:
+        tokens = _argmax(penalised)
+    elif not greedy:
+        tokens = _sample_random(penalised, rows, shared_generator)
+    else:
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        tokens[to_device(greedy, logits.device)] = _argmax(_take(penalised, greedy))
         picked = [rows[i] for i in random]
-        tokens[random] = _sample_random(_take(penalised, random), picked, shared_generator)
-    return SamplerOutput(token_ids=tokens.tolist(), logprobs=_sampled_logprobs(logits, rows, tokens))
+        tokens[to_device(random, logits.device)] = _sample_random(_take(penalised, random), picked,
+                                                                  shared_generator)
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    return PendingSample(tokens, _sampled_logprobs(logits, rows, tokens, wanted), wanted)
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: int) -> list[TokenLogprob]:
+    """`start_prompt_logprobs`, read back at once."""
+    return start_prompt_logprobs(logits, prompt_token_ids, k).resolve()
 
 
 @torch.inference_mode()
-def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: int) -> list[TokenLogprob]:
+def start_prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: int) -> PendingLogprobs:
     """Logprobs of prompt tokens 1..P-1 from `logits` [P-1, V], each with its top-k alternatives.
 
     The caller prepends None for token 0, which nothing predicts.
     """
-    targets = torch.tensor(prompt_token_ids[1:], dtype=torch.long, device=logits.device)
+    targets = to_device(prompt_token_ids[1:], logits.device, torch.long)
     return _token_logprobs(torch.log_softmax(logits, dim=1), targets, [k] * len(targets))
 
 
 def _take(t: torch.Tensor, indices: list[int]) -> torch.Tensor:
     if len(indices) == t.shape[0]:
         return t
-    return t[torch.tensor(indices, device=t.device)]
+    return t[to_device(indices, t.device)]
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -125,7 +190,7 @@ def _add_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
                 at_token.append(token)
                 bias.append(value)
     if at_row:
-        values = torch.tensor(bias, dtype=logits.dtype, device=logits.device)
+        values = to_device(bias, logits.device, logits.dtype)
         logits.index_put_(_pairs(at_row, at_token, logits.device), values, accumulate=True)
 
 
@@ -140,14 +205,13 @@ def _mask_until_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> Non
                     at_row.append(i)
                     at_token.append(token)
     if at_row:
-        masked = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-        logits.index_put_(_pairs(at_row, at_token, logits.device), masked)
+        logits.index_put_(_pairs(at_row, at_token, logits.device), logits.new_full((), float("-inf")))
 
 
 def _pairs(
     at_row: list[int], at_token: list[int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.tensor(at_row, device=device), torch.tensor(at_token, device=device)
+    return to_device(at_row, device), to_device(at_token, device)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -158,11 +222,12 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> 
     device = logits.device
     row, token, _ = _occurrences([rows[i].prompt_token_ids + rows[i].output_token_ids for i in chosen],
                                  logits.shape[1], device)
-    penalty = torch.tensor([rows[i].params.repetition_penalty for i in chosen],
-                           dtype=logits.dtype, device=device)[row]
-    at = (torch.tensor(chosen, device=device)[row], token)
+    penalty = to_device([rows[i].params.repetition_penalty for i in chosen], device, logits.dtype)[row]
+    at = (to_device(chosen, device)[row], token)
     seen = logits[at]
-    logits[at] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    # A penalty near 0 (any in (0, 10] is valid) overflows a positive logit; +inf would make the
+    # random path's softmax NaN and its draw land past the vocabulary.
+    logits[at] = torch.where(seen > 0, seen / penalty, seen * penalty).clamp(max=torch.finfo(logits.dtype).max)
 
 
 def _apply_presence_frequency(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -173,11 +238,9 @@ def _apply_presence_frequency(logits: torch.Tensor, rows: list[SamplingRow]) -> 
         return
     device = logits.device
     row, token, count = _occurrences([rows[i].output_token_ids for i in chosen], logits.shape[1], device)
-    frequency = torch.tensor([rows[i].params.frequency_penalty for i in chosen],
-                             dtype=logits.dtype, device=device)[row]
-    presence = torch.tensor([rows[i].params.presence_penalty for i in chosen],
-                            dtype=logits.dtype, device=device)[row]
-    logits[torch.tensor(chosen, device=device)[row], token] -= frequency * count + presence
+    frequency = to_device([rows[i].params.frequency_penalty for i in chosen], device, logits.dtype)[row]
+    presence = to_device([rows[i].params.presence_penalty for i in chosen], device, logits.dtype)[row]
+    logits[to_device(chosen, device)[row], token] -= frequency * count + presence
 
 
 def _occurrences(
@@ -187,8 +250,8 @@ def _occurrences(
 
     Penalties then touch only these positions instead of whole [rows, vocab] tensors.
     """
-    tokens = torch.tensor(list(chain.from_iterable(token_lists)), dtype=torch.long, device=device)
-    lengths = torch.tensor([len(t) for t in token_lists], device=device)
+    tokens = to_device(list(chain.from_iterable(token_lists)), device, torch.long)
+    lengths = to_device([len(t) for t in token_lists], device)
     owner = torch.repeat_interleave(torch.arange(len(token_lists), device=device), lengths)
     pairs, counts = torch.unique(owner * vocab + tokens, return_counts=True)
     return pairs // vocab, pairs % vocab, counts
@@ -216,8 +279,7 @@ def _sample_random(
     logits: torch.Tensor, rows: list[SamplingRow], shared_generator: torch.Generator | None
 ) -> torch.Tensor:
     device = logits.device
-    temperature = torch.tensor([row.params.temperature for row in rows],
-                               dtype=logits.dtype, device=device).unsqueeze(1)
+    temperature = to_device([row.params.temperature for row in rows], device, logits.dtype).unsqueeze(1)
     # The clamp keeps a raw all -inf row finite: its probabilities become all zero (token 0).
     peak = logits.amax(dim=1, keepdim=True).clamp(min=torch.finfo(logits.dtype).min)
     # Unnormalised probabilities whose row maximum is exactly 1, so min_p is a plain threshold.
@@ -227,7 +289,7 @@ def _sample_random(
         probs.masked_fill_(probs < threshold, 0.0)
     # float64 so that tail tokens of a large vocabulary keep their share of the CDF.
     cdf = probs.cumsum(dim=1, dtype=torch.float64)
-    uniforms = _uniforms(rows, shared_generator).to(device)
+    uniforms = to_device(_uniforms(rows, shared_generator), device)
     return _invert_cdf(cdf, uniforms)
 
 
@@ -241,10 +303,9 @@ def _truncation_thresholds(probs: torch.Tensor, rows: list[SamplingRow]) -> torc
     cut = [i for i, row in enumerate(rows) if row.params.top_p < 1.0 or 0 < row.params.top_k < vocab]
     if not cut and not any(row.params.min_p > 0.0 for row in rows):
         return None
-    threshold = torch.tensor([row.params.min_p for row in rows],
-                             dtype=probs.dtype, device=probs.device).unsqueeze(1)
+    threshold = to_device([row.params.min_p for row in rows], probs.device, probs.dtype).unsqueeze(1)
     if cut:
-        index = torch.tensor(cut, device=probs.device)
+        index = to_device(cut, probs.device)
         cut_rows = [rows[i] for i in cut]
         top = _top_k_top_p_threshold(_sort_descending(_take(probs, cut)), cut_rows)
         threshold[index] = torch.maximum(threshold[index], top)
@@ -255,10 +316,8 @@ def _top_k_top_p_threshold(descending: torch.Tensor, rows: list[SamplingRow]) ->
     """The smallest probability kept by top_k and then top_p (over the top-k mass), per row."""
     vocab = descending.shape[1]
     device = descending.device
-    k = torch.tensor([row.params.top_k if 0 < row.params.top_k < vocab else vocab for row in rows],
-                     device=device).unsqueeze(1)
-    top_p = torch.tensor([row.params.top_p for row in rows],
-                         dtype=descending.dtype, device=device).unsqueeze(1)
+    k = to_device([row.params.top_k if 0 < row.params.top_k < vocab else vocab for row in rows], device).unsqueeze(1)
+    top_p = to_device([row.params.top_p for row in rows], device, descending.dtype).unsqueeze(1)
     cdf = descending.cumsum(dim=1)
     top_k_mass = cdf.gather(1, k - 1)
     # The shortest prefix holding top_p of the top-k mass ends at the first cdf >= that share.
@@ -298,30 +357,23 @@ def _invert_cdf(cdf: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _sampled_logprobs(
-    raw: torch.Tensor, rows: list[SamplingRow], tokens: torch.Tensor
-) -> list[TokenLogprob | None]:
-    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
-    result: list[TokenLogprob | None] = [None] * len(rows)
+    raw: torch.Tensor, rows: list[SamplingRow], tokens: torch.Tensor, wanted: list[int]
+) -> PendingLogprobs | None:
+    """The raw logprobs of the `wanted` rows' sampled tokens; None when no row wants any."""
     if not wanted:
-        return result
+        return None
     logprobs = torch.log_softmax(_take(raw, wanted), dim=1)
-    targets = tokens[torch.tensor(wanted, device=tokens.device)]
-    computed = _token_logprobs(logprobs, targets, [rows[i].params.logprobs for i in wanted])
-    for i, entry in zip(wanted, computed):
-        result[i] = entry
-    return result
+    return _token_logprobs(logprobs, _take(tokens, wanted), [rows[i].params.logprobs for i in wanted])
 
 
-def _token_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> list[TokenLogprob]:
+def _token_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> PendingLogprobs:
     """Each row's logprob at its target plus its ks[i] best (token, logprob), best first.
 
     One topk with the largest k serves every row; each row keeps its own slice.
     """
-    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
     widest = min(max(ks, default=0), logprobs.shape[1])
     if widest == 0:
-        return [TokenLogprob(logprob=value) for value in chosen]
+        return PendingLogprobs(chosen, None, None, ks)
     top_values, top_ids = logprobs.topk(widest, dim=1)
-    values, ids = top_values.tolist(), top_ids.tolist()
-    return [TokenLogprob(logprob=chosen[r], top=list(zip(ids[r][:k], values[r][:k])))
-            for r, k in enumerate(ks)]
+    return PendingLogprobs(chosen, top_values, top_ids, ks)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tailrace.engine.thinking import Phase, ThinkGate
+from tailrace.engine.transfer import to_device
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 
 # Fixed separators and no free whitespace: the JSON reads like json.dumps output, and a weak
@@ -160,6 +161,6 @@ class MaskJob:
         order) to -inf in place."""
         self.wait()
         bits = np.unpackbits(self.bitmask.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
-        allowed = torch.from_numpy(bits.view(np.bool_)).to(logits.device)
-        index = torch.tensor(rows, device=logits.device)
+        allowed = to_device(torch.from_numpy(bits.view(np.bool_)), logits.device)
+        index = to_device(rows, logits.device)
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))

@@ -22,7 +22,7 @@ from tailrace.model.triton_attention import paged_attention_triton, triton_avail
 class PagedAttentionMetadata:
     query_start_loc: torch.Tensor  # [B + 1] int32: sequence i owns rows [loc[i], loc[i + 1]) of q
     seq_lens: torch.Tensor  # [B] int32: K/V length after this step, the new tokens included
-    block_tables: torch.Tensor  # [B, max_blocks] int32: the physical block of each logical block
+    block_tables: torch.Tensor  # [B, max_blocks] int32 (any strides): the physical block of each logical block
     block_size: int
     max_query_len: int  # at least the longest chunk; the Triton grid is sized by it
     num_seqs: int  # B, padding sequences (no query rows, seq_len 0) included
@@ -97,7 +97,8 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.max_seqs = max_seqs
         self.max_model_len = max_model_len or num_blocks * block_size
-        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+        # A table never holds more blocks than the cache has, however long the context may be.
+        self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
         self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
         self.scale = head_dim**-0.5
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
@@ -105,10 +106,13 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         # One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
         # the device side keeps its address for CUDA graphs. On CPU both sides are one tensor.
+        # The tables are stored block-major (entry j of every sequence, then entry j + 1), so a
+        # step sends the first (its longest table) x max_seqs entries, not max_model_len's worth.
         size = 2 * max_seqs + 1 + max_seqs * self.max_blocks_per_seq
         on_cuda = self.device.type == "cuda"
         self._meta_device = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._meta_host = torch.zeros(size, dtype=torch.int32, pin_memory=True) if on_cuda else self._meta_device
+        self._host_views = [t.numpy() for t in self._split(self._meta_host)]  # written per step without tensors
         self._copied = torch.cuda.Event() if on_cuda else None
         self._batch: AttentionBatch | None = None
         self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
@@ -150,23 +154,25 @@ class PagedKVCache:
 
     def _split(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         loc, lens, tables = flat.split([self.max_seqs + 1, self.max_seqs, self.max_seqs * self.max_blocks_per_seq])
-        return loc, lens, tables.view(self.max_seqs, self.max_blocks_per_seq)
+        return loc, lens, tables.view(self.max_blocks_per_seq, self.max_seqs).t()
 
     def _fill_host_metadata(self, seqs: list[SeqSlice]) -> int:
         """Write the batch's metadata into the host buffer; returns how many leading entries are used."""
-        loc, lens, tables = self._split(self._meta_host)
+        loc, lens, tables = self._host_views
         ends = [0]
+        longest = 0  # blocks in the longest table
         for i, seq in enumerate(seqs):
             if seq.q_start != ends[-1]:
                 raise ValueError("the sequences' rows must be contiguous and in batch order")
             if seq.kv_len > self.max_model_len:
                 raise ValueError(f"a sequence of {seq.kv_len} tokens is over max_model_len={self.max_model_len}")
             ends.append(seq.q_start + seq.q_len)
-            blocks = seq.block_table[: -(-seq.kv_len // self.block_size)]
-            tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            blocks = -(-seq.kv_len // self.block_size)
+            tables[i, :blocks] = seq.block_table[:blocks]
+            longest = max(longest, blocks)
         # Slots past the batch are padding: no query rows (their start is the end) and no K/V.
-        loc[: len(ends)] = torch.tensor(ends, dtype=torch.int32)
+        loc[: len(ends)] = ends
         loc[len(ends) :] = ends[-1]
-        lens[: len(seqs)] = torch.tensor([seq.kv_len for seq in seqs], dtype=torch.int32)
+        lens[: len(seqs)] = [seq.kv_len for seq in seqs]
         lens[len(seqs) :] = 0
-        return 2 * self.max_seqs + 1 + len(seqs) * self.max_blocks_per_seq
+        return 2 * self.max_seqs + 1 + longest * self.max_seqs

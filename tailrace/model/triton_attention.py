@@ -62,7 +62,8 @@ def paged_attention_triton(
         meta.query_start_loc, meta.seq_lens, meta.block_tables,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1),
-        v_pages.stride(0), v_pages.stride(1), out.stride(0), out.stride(1), meta.block_tables.stride(0),
+        v_pages.stride(0), v_pages.stride(1), out.stride(0), out.stride(1),
+        meta.block_tables.stride(0), meta.block_tables.stride(1),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=_BLOCK_N,
         BLOCK_SIZE=meta.block_size, HEAD_DIM=head_dim,
         # tl.dot rounds float32 inputs to tf32 by default; float32 is the exact path, so keep it exact.
@@ -100,7 +101,8 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, out_ptr,
         query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
         scale_log2,  # softmax scale * log2(e): the kernel exponentiates with exp2
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        stride_bt, stride_bb,  # block tables: per sequence, per logical block
         GROUP: tl.constexpr,  # query heads per KV head
         GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two (tile shapes must be)
         BLOCK_Q: tl.constexpr,  # new tokens per program
@@ -138,7 +140,8 @@ if triton is not None:
         for tile_start in range(0, kv_end, BLOCK_N):
             positions = tile_start + tl.arange(0, BLOCK_N)
             in_seq = positions < kv_end
-            block = tl.load(block_tables_ptr + seq * stride_bt + positions // BLOCK_SIZE, mask=in_seq, other=0)
+            block = tl.load(block_tables_ptr + seq * stride_bt + (positions // BLOCK_SIZE) * stride_bb,
+                            mask=in_seq, other=0)
             # int64: one layer's pages can hold more than 2**31 elements
             page_row = block.to(tl.int64) * BLOCK_SIZE + positions % BLOCK_SIZE
             k = tl.load(k_ptr + page_row[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],

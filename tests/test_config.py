@@ -1,0 +1,55 @@
+"""Engine settings: how device and attention are resolved, what validation refuses, and the CLI
+flags that fill them."""
+
+import pytest
+
+from tailrace.cli import build_parser, engine_config_from
+from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
+
+
+def test_auto_device_is_cuda_when_a_gpu_is_visible_else_cpu():
+    assert resolve_device("auto", cuda_available=True) == "cuda"
+    assert resolve_device("auto", cuda_available=False) == "cpu"
+
+
+def test_an_explicit_device_is_kept():
+    assert resolve_device("cpu", cuda_available=True) == "cpu"
+    assert resolve_device("cuda:1", cuda_available=True) == "cuda:1"
+
+
+def test_cuda_without_a_gpu_is_an_error():
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        resolve_device("cuda", cuda_available=False)
+
+
+def test_auto_attention_is_the_slab_on_cpu_and_paged_on_cuda():
+    assert resolve_attention("auto", "cpu") == "slab"
+    assert resolve_attention("auto", "cuda") == "paged"
+    assert resolve_attention("auto", "cuda:1") == "paged"
+
+
+def test_an_explicit_attention_is_kept_on_either_device():
+    assert resolve_attention("paged", "cpu") == "paged"
+    assert resolve_attention("slab", "cuda") == "slab"
+
+
+def test_defaults_choose_the_device_and_layout_at_start_up_with_graphs_on():
+    config = EngineConfig()
+    assert (config.device, config.attention, config.dtype, config.enforce_eager) == ("auto", "auto", "auto", False)
+
+
+@pytest.mark.parametrize(("field", "value"), [("device", "tpu"), ("attention", "flash")])
+def test_an_unknown_device_or_attention_is_refused(field, value):
+    with pytest.raises(ValueError, match=f"unsupported {field}"):
+        EngineConfig(**{field: value}).validate()
+
+
+def test_cli_flags_fill_device_attention_and_enforce_eager():
+    args = build_parser().parse_args(["serve", "--device", "cuda", "--attention", "paged", "--enforce-eager"])
+    config = engine_config_from(args)
+    assert (config.device, config.attention, config.enforce_eager) == ("cuda", "paged", True)
+
+
+def test_cli_defaults_are_the_config_defaults():
+    config = engine_config_from(build_parser().parse_args(["serve"]))
+    assert (config.device, config.attention, config.dtype, config.enforce_eager) == ("auto", "auto", "auto", False)
