@@ -27,15 +27,19 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def time_generate(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
+    """(seconds, output tokens) of one greedy `generate` in which every request runs to output_len."""
+    start = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True))
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
 def bench_tailrace(model: str, prompts: list[list[int]], output_len: int, threads: int,
                    max_num_seqs: int) -> dict:
     llm = LLM(model, threads=threads, max_num_seqs=max_num_seqs, max_num_batched_tokens=4096)
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    llm.generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    time_generate(llm, prompts[:4], 4)  # warm-up
+    seconds, tokens = time_generate(llm, prompts, output_len)
     return {"system": f"tailrace LLM (max_num_seqs={max_num_seqs})", "seconds": seconds,
             "output_tokens": tokens}
 
