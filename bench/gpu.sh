@@ -3,6 +3,7 @@
 #   bash bench/gpu.sh           on the lent H200 through the device tool, carry [".whl"]; under 8 minutes
 #   bash bench/gpu.sh --smoke   here on the CPU: the same phases on the embedded model's shape, tiny numbers
 #   bash bench/gpu.sh --phases http,transformers   a rerun of some phases (tests, tailrace, http, transformers)
+#   bash bench/gpu.sh --phases tailrace,http --eager   the same without CUDA graphs, if their capture fails
 # Everything it prints also goes to $OUT/gpu.log (bench/out when $OUT is unset), beside gpu.json,
 # http.json and each phase's log; bench/gpu_bench.py says what the phases are.
 set -uo pipefail

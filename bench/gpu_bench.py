@@ -70,11 +70,14 @@ class Setup:
     budget_s: float  # all phases together
 
 
-def make_setup(smoke: bool) -> Setup:
+def make_setup(smoke: bool, eager: bool = False) -> Setup:
     if not smoke:
-        return Setup("Llama-3.1-8B shape, dummy bfloat16 weights", LLAMA_31_8B, 512, 256, 256, 256,
+        # eager: the fallback if CUDA-graph capture breaks, so a rerun still measures the rest.
+        return Setup("Llama-3.1-8B shape, dummy bfloat16 weights" + (", eager" if eager else ""), LLAMA_31_8B,
+                     512, 256, 256, 256,
                      {"device": "cuda", "dtype": "bfloat16", "load_format": "dummy", "max_num_seqs": 256,
-                      "max_num_batched_tokens": 8192, "kv_cache_memory_gb": 40.0}, budget_s=450)
+                      "max_num_batched_tokens": 8192, "kv_cache_memory_gb": 40.0, "enforce_eager": eager},
+                     budget_s=450)
     # The embedded model's shape with a wider vocabulary, so the tokenizer padding is exercised as on the GPU.
     config = {**json.loads((Path(EMBEDDED_MODEL) / "config.json").read_text()), "vocab_size": 10_000}
     return Setup("smoke: embedded model shape, dummy float32 weights", config, 8, 16, 16, 4,
@@ -178,7 +181,7 @@ PHASES = {"tailrace": phase_tailrace, "transformers": phase_transformers}
 
 
 def run_phase_child(args: argparse.Namespace) -> None:
-    PHASES[args.phase](make_setup(args.smoke), Path(args.model_dir), SavedDict(Path(args.result)))
+    PHASES[args.phase](make_setup(args.smoke, args.eager), Path(args.model_dir), SavedDict(Path(args.result)))
 
 
 # --- the parent: phases under their limits, the table ---
@@ -206,7 +209,8 @@ def failure(code: int | None, limit_s: float, log_path: Path) -> str:
 def child_phase(phase: str, args: argparse.Namespace, model_dir: Path, tmp: Path, limit_s: float) -> dict:
     result_path = tmp / f"{phase}.json"
     command = [sys.executable, __file__, "--phase", phase, "--model-dir", str(model_dir),
-               "--result", str(result_path), *(["--smoke"] if args.smoke else [])]
+               "--result", str(result_path), *(["--smoke"] if args.smoke else []),
+               *(["--eager"] if args.eager else [])]
     log_path = args.out / f"{phase}.log"
     code = run_limited(command, limit_s, log_path)
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -225,7 +229,8 @@ def tests_phase(args: argparse.Namespace, limit_s: float) -> dict:
 def http_phase(setup: Setup, args: argparse.Namespace, model_dir: Path, limit_s: float) -> dict:
     started = time.monotonic()
     port = free_port()
-    flags = [f"--{name.replace('_', '-')}={value}" for name, value in setup.engine.items()]
+    flags = [f"--{name.replace('_', '-')}" + ("" if value is True else f"={value}")
+             for name, value in setup.engine.items() if value is not False]
     serve = [sys.executable, "-m", "tailrace", "serve", str(model_dir), "--port", str(port), *flags]
     bench = [sys.executable, "-m", "tailrace", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
              "--concurrency", str(setup.concurrency), "--num-prompts", str(setup.num_prompts),
@@ -336,6 +341,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out")
     parser.add_argument("--phases", default=",".join(PHASE_LIMITS_S),
                         help="the phases to run, e.g. http,transformers to rerun two (default: all)")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (--enforce-eager), if capture fails")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child process's one phase
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -344,7 +350,7 @@ def main() -> None:
         run_phase_child(args)
         return
 
-    setup = make_setup(args.smoke)
+    setup = make_setup(args.smoke, args.eager)
     deadline = time.monotonic() + setup.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
