@@ -8,6 +8,7 @@ directory on sys.path), so the figures in bench/RESULTS.md and the CI checks mea
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -67,8 +68,9 @@ class ServerProcess(Server):
         command = [sys.executable, "-m", "tailrace", "serve", *([model] if model else []), "--port", str(self.port),
                    "--api-key", API_KEY, "--served-model-name", MODEL, *flags]
         with open(log_path, "wb") as log:
+            # Its own process group, so a test can signal the group as a terminal's Ctrl+C does.
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=REPO)
+                                            cwd=REPO, start_new_session=True)
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -104,8 +106,12 @@ class ServerProcess(Server):
                 return child
         raise RuntimeError("the server has no engine core process")
 
-    def send_signal(self, sig: signal.Signals) -> None:
-        self.process.send_signal(sig)
+    def send_signal(self, sig: signal.Signals, group: bool = False) -> None:
+        """To the server process, or with group=True to its whole process group (engine core included)."""
+        if group:
+            os.killpg(self.process.pid, sig)
+        else:
+            self.process.send_signal(sig)
 
     def wait(self, timeout_s: float) -> int:
         return self.process.wait(timeout_s)

@@ -13,7 +13,7 @@ from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineRequest
 from tailrace.engine.core_process import (
     AbortMsg, AddMsg, FatalMsg, OutputsMsg, ReadyMsg, RequestErrorMsg, ShutdownMsg, encoder,
-    from_core_decoder, run_core,
+    from_core_decoder, run_core, run_core_process,
 )
 from tailrace.engine.output_processor import OutputProcessor
 from tailrace.engine.stats import EngineStats
@@ -71,7 +71,7 @@ class EngineClient:
             self._worker.start()
         else:
             self._worker = multiprocessing.get_context("spawn").Process(
-                target=run_core, args=(self.config, child), daemon=True, name="tailrace-engine-core")
+                target=run_core_process, args=(self.config, child), daemon=True, name="tailrace-engine-core")
             self._worker.start()
             child.close()  # so the pipe reports EOF when the core process dies
         self._conn = conn

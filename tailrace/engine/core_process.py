@@ -7,6 +7,7 @@ the model's core; `run_core` runs on a thread just as well (in-process mode).
 from __future__ import annotations
 
 import logging
+import signal
 import traceback
 from multiprocessing.connection import Connection
 
@@ -62,6 +63,14 @@ FromCore = ReadyMsg | OutputsMsg | RequestErrorMsg | FatalMsg
 encoder = msgspec.msgpack.Encoder()
 to_core_decoder = msgspec.msgpack.Decoder(ToCore)
 from_core_decoder = msgspec.msgpack.Decoder(FromCore)
+
+
+def run_core_process(config: EngineConfig, conn: Connection) -> None:
+    """`run_core` as the core's own process. A terminal's Ctrl+C goes to the whole foreground
+    process group: the core ignores it, so it keeps serving the streams that the API process's
+    graceful shutdown lets finish, and stops when that process says so or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run_core(config, conn)
 
 
 def run_core(config: EngineConfig, conn: Connection) -> None:

@@ -31,14 +31,15 @@ def refuses_connections(server: ServerProcess, within_s: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_lets_the_open_stream_finish_refuses_new_connections_and_exits_0(tmp_path_factory, sig):
+@pytest.mark.parametrize(("sig", "group"), [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM", "SIGINT", "SIGINT-to-the-group (Ctrl+C in a terminal)"])
+def test_signal_lets_the_open_stream_finish_refuses_new_connections_and_exits_0(tmp_path_factory, sig, group):
     server = start_server(tmp_path_factory, f"shutdown-{sig.name}", "--graceful-shutdown-timeout", "60")
     with server, httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json={**STREAM, "max_tokens": 300}) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: {")
-            server.send_signal(sig)
+            server.send_signal(sig, group=group)
             assert refuses_connections(server, within_s=5.0), "still accepting connections after the signal"
             events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
