@@ -9,6 +9,12 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite checks the CPU path exactly (float32 parity with transformers); on a machine with a
+# GPU, device "auto" would take CUDA and bfloat16 instead. The GPU checks run with
+# TAILRACE_TEST_GPU=1 (bench/gpu.sh sets it for tests/test_gpu.py and tests/test_paged_attention.py).
+GPU_TESTS = os.environ.get("TAILRACE_TEST_GPU") == "1"
+if not GPU_TESTS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 EMBEDDED = Path(__file__).resolve().parent.parent / "tailrace" / "models" / "tiny"
 
