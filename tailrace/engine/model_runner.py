@@ -16,12 +16,12 @@ import torch
 from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
 from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
 from tailrace.engine.sampler import (
-    PendingLogprobs, PendingSample, SamplingRow, make_generator, start_prompt_logprobs, start_sample,
+    PendingLogprobs, PendingSample, SamplingRow, make_generator, start_prompt_logprobs, start_sample, take_rows,
 )
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured import MaskJob, MaskWorker
-from tailrace.engine.transfer import record_event, to_device
+from tailrace.engine.transfer import record_event
 from tailrace.model.attention import KVCache
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
@@ -113,10 +113,10 @@ class ModelRunner:
         masks = self._start_masks(scheduled)
         need = _logit_rows(scheduled, inputs)
         if graph_size is not None:
-            logits = _take_rows(self.graphs.replay(graph_size), need.rows)
+            logits = take_rows(self.graphs.replay(graph_size), need.rows)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache)
-            logits = self.model.compute_logits(_take_rows(hidden, need.rows))
+            logits = self.model.compute_logits(take_rows(hidden, need.rows))
         step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
         for i, first, start, end in need.prompt_spans:
             seq = scheduled[i].seq
@@ -124,7 +124,7 @@ class ModelRunner:
                                             seq.params.prompt_logprobs or 0)
             step.prompt_logprobs.append((i, pending.to_host()))
         if need.samplers:
-            picked = _take_rows(logits, [r for _, r in need.samplers])
+            picked = take_rows(logits, [r for _, r in need.samplers])
             if masks is not None:
                 constrained, job = masks
                 row_of = {i: j for j, i in enumerate(step.sampling_items)}
@@ -179,10 +179,3 @@ def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
             need.rows.append(sl.q_start + sl.q_len - 1)
     return need
 
-
-def _take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """t[rows] for ascending distinct rows: a view when they are the first len(rows) rows (every
-    row of a decode step samples, so that is the common case)."""
-    if not rows or rows[-1] == len(rows) - 1:
-        return t[: len(rows)]
-    return t[to_device(rows, t.device)]

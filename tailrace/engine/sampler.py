@@ -123,9 +123,9 @@ def start_sample(
         tokens = _sample_random(penalised, rows, shared_generator)
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        tokens[to_device(greedy, logits.device)] = _argmax(_take(penalised, greedy))
+        tokens[to_device(greedy, logits.device)] = _argmax(take_rows(penalised, greedy))
         picked = [rows[i] for i in random]
-        tokens[to_device(random, logits.device)] = _sample_random(_take(penalised, random), picked,
+        tokens[to_device(random, logits.device)] = _sample_random(take_rows(penalised, random), picked,
                                                                   shared_generator)
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
     return PendingSample(tokens, _sampled_logprobs(logits, rows, tokens, wanted), wanted)
@@ -146,10 +146,12 @@ def start_prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int], k: 
     return _token_logprobs(torch.log_softmax(logits, dim=1), targets, [k] * len(targets))
 
 
-def _take(t: torch.Tensor, indices: list[int]) -> torch.Tensor:
-    if len(indices) == t.shape[0]:
-        return t
-    return t[to_device(indices, t.device)]
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows] for ascending distinct rows: a view when they are the first len(rows) rows (every
+    row of a decode step samples, and most steps sample alike, so that is the common case)."""
+    if not rows or rows[-1] == len(rows) - 1:
+        return t[: len(rows)]
+    return t[to_device(rows, t.device)]
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -307,7 +309,7 @@ def _truncation_thresholds(probs: torch.Tensor, rows: list[SamplingRow]) -> torc
     if cut:
         index = to_device(cut, probs.device)
         cut_rows = [rows[i] for i in cut]
-        top = _top_k_top_p_threshold(_sort_descending(_take(probs, cut)), cut_rows)
+        top = _top_k_top_p_threshold(_sort_descending(take_rows(probs, cut)), cut_rows)
         threshold[index] = torch.maximum(threshold[index], top)
     return threshold
 
@@ -362,8 +364,8 @@ def _sampled_logprobs(
     """The raw logprobs of the `wanted` rows' sampled tokens; None when no row wants any."""
     if not wanted:
         return None
-    logprobs = torch.log_softmax(_take(raw, wanted), dim=1)
-    return _token_logprobs(logprobs, _take(tokens, wanted), [rows[i].params.logprobs for i in wanted])
+    logprobs = torch.log_softmax(take_rows(raw, wanted), dim=1)
+    return _token_logprobs(logprobs, take_rows(tokens, wanted), [rows[i].params.logprobs for i in wanted])
 
 
 def _token_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, ks: list[int]) -> PendingLogprobs:
