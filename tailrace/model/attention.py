@@ -66,6 +66,14 @@ class _Step:
     prefills: list[_Prefill]
 
 
+def new_pages(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paged K and V of every cache layout, [layers, num_slots = num_blocks * block_size, kv_heads, head_dim]:
+    what `KVCache.bytes_per_block` counts."""
+    shape = (num_layers, num_slots, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+
 class KVCache:
     """Paged K/V (the source of truth) plus the slot slab that attention reads.
 
@@ -96,9 +104,7 @@ class KVCache:
         self.device = torch.device(device)
         self.max_seqs = max_seqs
         self.max_model_len = max_model_len or num_blocks * block_size
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
         # [layers, max_seqs, kv_heads, capacity, head_dim]: a slot's heads are contiguous runs of
         # positions, so both the batched decode and a prefill chunk read plain views. Zeros, not
         # empty: masked positions still enter the score product, and garbage could be NaN.

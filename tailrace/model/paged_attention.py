@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, new_pages
 from tailrace.model.triton_attention import paged_attention_triton, triton_available
 
 
@@ -101,9 +101,7 @@ class PagedKVCache:
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
         self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
         self.scale = head_dim**-0.5
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
         # One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
         # the device side keeps its address for CUDA graphs. On CPU both sides are one tensor.
         # The tables are stored block-major (entry j of every sequence, then entry j + 1), so a
