@@ -9,43 +9,61 @@ import os
 import sys
 from dataclasses import fields
 
+from tailrace.arg_types import (DTYPES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
+                                json_string_list, tensor_parallel_size, token_count)
 from tailrace.bench.cli import add_bench_parser, run_bench
-from tailrace.engine.config import EngineConfig
+from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
+from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
+from tailrace.model.loader import LOAD_FORMATS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
+from tailrace.serving.sampling_defaults import load_sampling_defaults
 
 log = logging.getLogger("tailrace")
 
 _ENGINE_FLAGS = {
-    "dtype": (str, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16"),
+    "dtype": (dtype_name, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+                          "bfloat16, float16 (vLLM's half and float are the same)"),
     "load_format": (str, "auto (safetensors) or dummy (random weights from config.json)"),
-    "device": (str, "auto (cuda when a GPU is visible, else cpu), cpu or cuda"),
+    "device": (device_name, "auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N"),
     "attention": (str, "KV cache layout: auto (slab on CPU, paged on CUDA), slab or paged"),
     "max_num_seqs": (int, "most sequences in one batch"),
     "max_num_batched_tokens": (int, "token budget of one engine step (chunked prefill)"),
     "block_size": (int, "tokens per KV cache block"),
     "kv_cache_memory_gb": (float, "KV cache size in GiB"),
     "num_kv_blocks": (int, "KV cache size in blocks; overrides --kv-cache-memory-gb"),
-    "max_model_len": (int, "context limit in tokens (default: the model's)"),
+    "gpu_memory_utilization": (fraction, "on CUDA, size the KV cache to fill this fraction of the GPU's memory "
+                                         "with weights and activations, as vLLM does (overrides "
+                                         "--kv-cache-memory-gb; ignored on CPU)"),
+    "max_model_len": (token_count, "context limit in tokens, also as 32k or 32K (default: the model's)"),
     "threads": (int, "torch threads in the engine core (default: all cores but one)"),
     "seed": (int, "seed for requests that give none"),
 }
+
+
+_ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "attention": ATTENTION_BACKENDS}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     defaults = {f.name: f.default for f in fields(EngineConfig)}
     for name, (kind, help_text) in _ENGINE_FLAGS.items():
         shown = "" if defaults[name] is None else f" (default: {defaults[name]})"
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name], help=help_text + shown)
-    parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name],
+                            choices=_ENGINE_CHOICES.get(name), help=help_text + shown)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of prompts seen before (default: on)")
+    parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                        help="the same as --no-enable-prefix-caching")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=tensor_parallel_size, default=1,
+                        help="devices to split the model over; 1 for now")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: run decode steps eagerly")
     parser.add_argument("--in-process", action="store_true",
                         help="run the engine core on a thread of this process (debugging)")
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, enable_prefix_caching=not args.no_prefix_caching,
+    return EngineConfig(model=args.model, enable_prefix_caching=args.enable_prefix_caching,
                         enforce_eager=args.enforce_eager, in_process=args.in_process,
                         **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 
@@ -83,8 +101,14 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 def add_chat_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=[*TOOL_PARSERS, "auto"], default="auto",
-                        help="the format the model writes tool calls in; auto: the one its chat template "
-                             "shows (default: auto)")
+                        help="the format the model writes tool calls in (llama3_json is vLLM's name for llama3); "
+                             "auto: the one its chat template shows (default: auto)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="accepted for vLLM's command lines: tool_choice auto is always on here")
+    parser.add_argument("--generation-config", default="auto",
+                        help="defaults for the sampling settings a request leaves unset: auto (the model's "
+                             "generation_config.json), vllm (none: OpenAI's defaults) or a directory holding a "
+                             "generation_config.json (default: auto)")
     parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
                         help="think: thinking inside <think>...</think> goes to the reasoning field, not "
                              "the content (default: off)")
@@ -99,21 +123,33 @@ def chat_options_from(args: argparse.Namespace) -> ChatOptions:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailrace", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
     serve.add_argument("model", nargs="?", default=None,
                        help="a Hugging Face model directory (default: the embedded tiny model)")
+    serve.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                       help="the model, as vLLM's --model takes it")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=os.environ.get("TAILRACE_API_KEY"),
                        help="require this bearer key (default: $TAILRACE_API_KEY; none: no auth)")
-    serve.add_argument("--served-model-name", default=None,
-                       help="the model name clients use (default: the directory's name)")
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the model names clients may use; responses carry the first (default: the "
+                            "directory's name)")
     serve.add_argument("--metrics-public", action="store_true", help="/metrics needs no key")
-    serve.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--cors-origin", action="append", default=[], help="allow this CORS origin (repeatable)")
+    serve.add_argument("--allowed-origins", type=json_string_list, default=[],
+                       help='CORS origins as a JSON list, as vLLM takes them: \'["https://example.com"]\'')
+    serve.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info",
+                       help="tailrace's logs, and uvicorn's unless --uvicorn-log-level says (default: info)")
+    serve.add_argument("--uvicorn-log-level", type=str.lower, choices=UVICORN_LOG_LEVELS, default=None,
+                       help="uvicorn's logs (default: --log-level)")
     # One log line per request cost ~7% of the API process's CPU under load (py-spy), so it is opt-in.
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    serve.add_argument("--disable-log-requests", action="store_true",
+                       help="accepted for vLLM's command lines: requests are not logged unless --access-log")
+    serve.add_argument("--trust-remote-code", action=RefuseRemoteCode,
+                       help="refused: tailrace runs no code from a checkpoint")
     add_engine_flags(serve)
     add_limit_flags(serve)
     add_chat_flags(serve)
@@ -122,13 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(getattr(args, "log_level", "info"))
     if args.command == "serve":
         return asyncio.run(serve(args))
     if args.command == "bench":
         return run_bench(args)
     return 2
+
+
+def _one_model(args: argparse.Namespace) -> str | None:
+    """The positional MODEL or vLLM's --model; both only when they agree."""
+    if args.model_option is not None and args.model not in (None, args.model_option):
+        raise ValueError(f"two models given: {args.model} and --model {args.model_option}; give one")
+    return args.model or args.model_option
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -139,20 +183,25 @@ async def serve(args: argparse.Namespace) -> int:
     from tailrace.engine.client import EngineClient
     from tailrace.tokenizer import load_tokenizer
 
-    config = engine_config_from(args)
-    limits = limits_from(args)
     try:
+        args.model = _one_model(args)
+        config = engine_config_from(args)
+        limits = limits_from(args)
         config.validate()
         limits.validate()
+        sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    name = args.served_model_name or os.path.basename(os.path.normpath(config.model_path))
+    name, *other_names = args.served_model_name or [os.path.basename(os.path.normpath(config.model_path))]
+    if sampling_defaults:
+        log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)
     engine = EngineClient(config, load_tokenizer(config.model_path))
     app = build_app(engine, ServerConfig(served_model_name=name, api_key=args.api_key,
                                          max_body_bytes=args.max_body_bytes, metrics_public=args.metrics_public,
-                                         cors_origins=args.cors_origin, limits=limits,
-                                         chat=chat_options_from(args)))
+                                         cors_origins=args.cors_origin + args.allowed_origins, limits=limits,
+                                         chat=chat_options_from(args), other_model_names=other_names,
+                                         sampling_defaults=sampling_defaults))
 
     def log_ready() -> None:
         info = engine.info
@@ -161,7 +210,9 @@ async def serve(args: argparse.Namespace) -> int:
                  info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
         log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
 
-    return await run_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    # No log config of uvicorn's own: its records reach the root handler, in tailrace's format.
+    return await run_server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                           log_level=args.uvicorn_log_level or args.log_level,
                                            access_log=args.access_log,
                                            timeout_graceful_shutdown=args.graceful_shutdown_timeout),
                             engine, on_ready=log_ready)

@@ -383,3 +383,25 @@ def test_cors_allows_configured_origin(engine):
     response = client.options("/v1/completions", headers={"origin": "http://a",
                                                            "access-control-request-method": "POST"})
     assert response.headers["access-control-allow-origin"] == "http://a"
+
+
+def test_every_served_name_is_listed_and_accepted_and_responses_carry_the_first(engine):
+    client = client_for(engine, other_model_names=["tiny-alias"])
+    assert [card["id"] for card in client.get("/v1/models").json()["data"]] == [MODEL, "tiny-alias"]
+    assert client.get("/v1/models/tiny-alias").json()["id"] == "tiny-alias"
+    response = client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias"})
+    assert response.json()["model"] == MODEL
+
+
+def test_the_models_sampling_defaults_fill_what_a_request_leaves_unset(engine):
+    seen = []
+    add_request = engine.add_request
+
+    def recording_add_request(request_id, prompt_token_ids, params):
+        seen.append(params)
+        return add_request(request_id, prompt_token_ids, params)
+
+    engine.add_request = recording_add_request
+    client = client_for(engine, sampling_defaults={"temperature": 0.6, "top_k": 20})
+    client.post("/v1/chat/completions", json={**CHAT, "top_k": 5})
+    assert (seen[0].temperature, seen[0].top_k) == (0.6, 5)

@@ -36,6 +36,7 @@ from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_valid
                                      invalid_api_key, invalid_json, invalid_request, model_not_found,
                                      payload_too_large)
 from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tailrace.serving.sampling_defaults import with_sampling_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)  # empty: CORS off
     limits: Limits = field(default_factory=Limits)
     chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
+    # More names clients may send (vLLM's `--served-model-name A B`); responses carry the first.
+    other_model_names: list[str] = field(default_factory=list)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)  # the model's generation_config.json
 
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
@@ -78,6 +82,7 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
 def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter()
     served = config.served_model_name
+    names = (served, *config.other_model_names)
     created = int(time.time())
     admission = Admission(config.limits)
 
@@ -86,37 +91,37 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
                               limits=config.limits, admission=admission, chat=config.chat)
 
     async def completions(request: Request) -> Response:
-        body = await _parse(request, CompletionRequest)
-        _check_model(served, body.model)
+        body = with_sampling_defaults(await _parse(request, CompletionRequest), config.sampling_defaults)
+        _check_model(names, body.model)
         _check_ready(engine)
         return await _respond(request, create_completion(engine, body, context(request)))
 
     async def chat_completions(request: Request) -> Response:
-        body = await _parse(request, ChatCompletionRequest)
-        _check_model(served, body.model)
+        body = with_sampling_defaults(await _parse(request, ChatCompletionRequest), config.sampling_defaults)
+        _check_model(names, body.model)
         _check_ready(engine)
         return await _respond(request, create_chat_completion(engine, body, context(request)))
 
-    def model_card() -> dict[str, Any]:
-        return {"id": served, "object": "model", "created": created, "owned_by": "tailrace",
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "tailrace",
                 "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len}
 
     async def list_models() -> Response:
-        return _json({"object": "list", "data": [model_card()]})
+        return _json({"object": "list", "data": [model_card(name) for name in names]})
 
     async def get_model(model: str) -> Response:
-        _check_model(served, model)
-        return _json(model_card())
+        _check_model(names, model)
+        return _json(model_card(model))
 
     async def tokenize(request: Request) -> Response:
         body = await _parse(request, TokenizeRequest)
-        _check_model(served, body.model)
+        _check_model(names, body.model)
         tokens = _tokenize(engine, body)
         return _json({"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len})
 
     async def detokenize(request: Request) -> Response:
         body = await _parse(request, DetokenizeRequest)
-        _check_model(served, body.model)
+        _check_model(names, body.model)
         check_token_ids(body.tokens, engine.tokenizer.vocab_size, "tokens")
         return _json({"prompt": engine.tokenizer.decode(body.tokens)})
 
@@ -177,8 +182,8 @@ def _metrics_route(engine: EngineClient, metrics: ServerMetrics) -> APIRouter:
     return router
 
 
-def _check_model(served: str, model: str | None) -> None:
-    if model is not None and model != served:
+def _check_model(names: tuple[str, ...], model: str | None) -> None:
+    if model is not None and model not in names:
         raise model_not_found(model)
 
 

@@ -71,7 +71,8 @@ class EngineClient:
             self._worker.start()
         else:
             self._worker = multiprocessing.get_context("spawn").Process(
-                target=run_core_process, args=(self.config, child), daemon=True, name="tailrace-engine-core")
+                target=run_core_process, args=(self.config, child, logging.getLogger().getEffectiveLevel()),
+                daemon=True, name="tailrace-engine-core")
             self._worker.start()
             child.close()  # so the pipe reports EOF when the core process dies
         self._conn = conn

@@ -24,6 +24,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory_gb: float = 0.5
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb; mostly for tests
+    # On CUDA: size the KV cache to fill this fraction of the GPU's memory, as vLLM does (overrides
+    # kv_cache_memory_gb there; ignored on CPU). None: kv_cache_memory_gb.
+    gpu_memory_utilization: float | None = None
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     threads: int | None = None  # torch threads in the core; None: all cores but one
     enable_prefix_caching: bool = True
@@ -42,6 +45,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.kv_cache_memory_gb <= 0 and self.num_kv_blocks is None:
             raise ValueError("kv_cache_memory_gb must be positive")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.device.partition(":")[0] not in DEVICES:
             raise ValueError(f"unsupported device {self.device!r}; supported: {', '.join(DEVICES)} (or cuda:N)")
         if self.attention not in ATTENTION_BACKENDS:

@@ -16,6 +16,7 @@ import msgspec
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
 from tailrace.engine.stats import EngineStats
+from tailrace.logs import configure_logging
 
 log = logging.getLogger("tailrace.engine")
 
@@ -65,10 +66,12 @@ to_core_decoder = msgspec.msgpack.Decoder(ToCore)
 from_core_decoder = msgspec.msgpack.Decoder(FromCore)
 
 
-def run_core_process(config: EngineConfig, conn: Connection) -> None:
-    """`run_core` as the core's own process. A terminal's Ctrl+C goes to the whole foreground
-    process group: the core ignores it, so it keeps serving the streams that the API process's
-    graceful shutdown lets finish, and stops when that process says so or goes away."""
+def run_core_process(config: EngineConfig, conn: Connection, log_level: int = logging.INFO) -> None:
+    """`run_core` as the core's own process, logging at the API process's level and in its format.
+    A terminal's Ctrl+C goes to the whole foreground process group: the core ignores it, so it keeps
+    serving the streams that the API process's graceful shutdown lets finish, and stops when that
+    process says so or goes away."""
+    configure_logging(log_level)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_core(config, conn)
 

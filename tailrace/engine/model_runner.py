@@ -15,6 +15,7 @@ import torch
 
 from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
 from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
+from tailrace.engine.kv_budget import activation_bytes, fixed_kv_cache_bytes, gpu_kv_cache_bytes
 from tailrace.engine.sampler import (
     PendingLogprobs, PendingSample, SamplingRow, make_generator, start_prompt_logprobs, start_sample, take_rows,
 )
@@ -64,6 +65,9 @@ class ModelRunner:
             # Events, graphs and Triton launches use the current device (per thread): make it this one.
             torch.cuda.set_device(self.device.index or 0)
         self.attention = resolve_attention(config.attention, str(self.device))
+        sized_by_gpu = (self.device.type == "cuda" and config.gpu_memory_utilization is not None
+                        and config.num_kv_blocks is None)
+        free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
             device=str(self.device), seed=config.seed,
@@ -74,7 +78,9 @@ class ModelRunner:
         dtype = next(self.model.parameters()).dtype
         per_block = KVCache.bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
                                             config.block_size, dtype)
-        self.num_blocks = config.num_kv_blocks or int(config.kv_cache_memory_gb * 2**30 // per_block)
+        kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if sized_by_gpu
+                    else fixed_kv_cache_bytes(config))
+        self.num_blocks = config.num_kv_blocks or kv_bytes // per_block
         if self.num_blocks < 1:
             raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
         cache_args = (mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim)
@@ -94,6 +100,12 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size)
+
+    def _gpu_kv_cache_bytes(self, config: EngineConfig, free_before_load: int, dtype_bytes: int) -> int:
+        torch.cuda.empty_cache()  # blocks the loader freed would otherwise count as the weights'
+        free_after_load, total = torch.cuda.mem_get_info(self.device)
+        return gpu_kv_cache_bytes(config.gpu_memory_utilization, total, free_before_load, free_after_load,
+                                  activation_bytes(config, self.model_config, dtype_bytes))
 
     @property
     def asynchronous(self) -> bool:

@@ -15,6 +15,7 @@ from tailrace.serving.parsers.reasoning import ThinkParser
 TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3": Llama3JsonToolParser,
+    "llama3_json": Llama3JsonToolParser,  # vLLM's name for the same format
     "mistral": MistralToolParser,
 }
 REASONING_PARSERS = ("think",)
