@@ -1,106 +1,151 @@
-"""Prometheus metrics for one server, named like vLLM's (`vllm:` -> `tailrace:`) so dashboards carry over.
+"""Prometheus metrics for one server, each exposed twice: under vLLM's name and labels, so that
+dashboards and alerts written for vLLM read this server unchanged, and under `tailrace:`.
 
-Everything lives in the instance's own registry: two servers (or two tests) in one process never share
-state. Engine-side numbers are read from `EngineStats` at scrape time rather than pushed.
+The `vllm:` names, types and labels (`model_name`, `engine`, `finished_reason`) match vLLM's v1
+metrics as documented in vllm-project/vllm docs/design/metrics.md (commit 0328b59) and defined in
+vllm/v1/metrics/loggers.py (commit 005a810, where `inter_token_latency_seconds` was still called
+`time_per_output_token_seconds`; the docs list the new name). The buckets are vLLM's too. vLLM
+serves its metrics in multiprocess mode, which writes no `_created` series, so neither does this.
+
+Everything lives in the instance: two servers (or two tests) in one process never share state.
+Engine-side numbers are read from `EngineStats` at scrape time rather than pushed.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from tailrace.engine.stats import EngineStats
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the format generate_latest writes
 
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
-_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                0.75, 1.0, 2.5, 5.0, 10.0)
-_E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                60.0, 120.0, 240.0, 480.0, 960.0)
+ENGINE_INDEX = "0"  # vLLM labels each series with its engine core's index; this server has one
+# vLLM creates a request_success series for each of its finish reasons up front, so they read 0.
+FINISH_REASONS = ("stop", "length", "abort")
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; the last is +Inf
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # a bucket holds the values <= its bound
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        buckets, running = [], 0
+        for bound, count in zip((*map(floatToGoString, self.bounds), "+Inf"), self.counts):
+            running += count
+            buckets.append((bound, running))
+        return buckets
 
 
 class ServerMetrics:
+    """What the API process counts itself (tokens, finishes, latencies), plus the engine's own
+    numbers at render time."""
+
     def __init__(self, model_name: str = "default") -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        labels = {"model_name": model_name}
-        self._engine = _EngineCollector(labels)
-        self.registry.register(self._engine)
-        self._prompt_tokens = Counter(
-            "tailrace:prompt_tokens", "Prompt tokens processed.", list(labels),
-            registry=self.registry).labels(**labels)
-        self._generation_tokens = Counter(
-            "tailrace:generation_tokens", "Tokens generated.", list(labels),
-            registry=self.registry).labels(**labels)
-        self._finished = Counter(
-            "tailrace:request_success", "Finished requests (choices) by finish reason.",
-            [*labels, "finished_reason"], registry=self.registry)
-        self._labels = labels
-        self._ttft = Histogram(
-            "tailrace:time_to_first_token_seconds", "Time from arrival to the first generated token.",
-            list(labels), buckets=_TTFT_BUCKETS, registry=self.registry).labels(**labels)
-        self._itl = Histogram(
-            "tailrace:inter_token_latency_seconds", "Time between consecutive generated tokens.",
-            list(labels), buckets=_ITL_BUCKETS, registry=self.registry).labels(**labels)
-        self._e2e = Histogram(
-            "tailrace:e2e_request_latency_seconds", "Time from arrival to the last token.",
-            list(labels), buckets=_E2E_BUCKETS, registry=self.registry).labels(**labels)
+        self.model_name = model_name
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.ttft = Histogram(_TTFT_BUCKETS)
+        self.itl = Histogram(_ITL_BUCKETS)
+        self.e2e = Histogram(_E2E_BUCKETS)
+        self._stats = EngineStats()
 
     def observe_ttft(self, seconds: float) -> None:
-        self._ttft.observe(seconds)
+        self.ttft.observe(seconds)
 
     def observe_itl(self, seconds: float) -> None:
-        self._itl.observe(seconds)
+        self.itl.observe(seconds)
 
     def observe_e2e(self, seconds: float) -> None:
-        self._e2e.observe(seconds)
+        self.e2e.observe(seconds)
 
     def add_tokens(self, prompt: int, generation: int) -> None:
-        self._prompt_tokens.inc(prompt)
-        self._generation_tokens.inc(generation)
+        self.prompt_tokens += prompt
+        self.generation_tokens += generation
 
     def count_finish(self, reason: str) -> None:
-        self._finished.labels(**self._labels, finished_reason=reason).inc()
+        self.finished[reason] = self.finished.get(reason, 0) + 1
 
     def render(self, stats: EngineStats) -> bytes:
-        """The Prometheus text exposition, with the engine gauges taken from `stats`."""
-        self._engine.stats = stats
-        return generate_latest(self.registry)
-
-
-class _EngineCollector(Collector):
-    """Reports the latest EngineStats. The engine keeps its own cumulative counts, so they are
-    exposed as counters read as-is rather than incremented here."""
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.stats = EngineStats()
+        """The Prometheus text exposition, with the engine's numbers taken from `stats`."""
+        self._stats = stats
+        return generate_latest(self)  # type: ignore[arg-type]  # it only calls collect()
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats
-        gauges = (
-            ("tailrace:num_requests_running", "Requests being generated.", s.num_running),
-            ("tailrace:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
-            ("tailrace:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1).", s.kv_usage),
-            ("tailrace:num_free_kv_blocks", "Free KV-cache blocks.", s.num_free_blocks),
-            ("tailrace:num_total_kv_blocks", "All KV-cache blocks.", s.num_total_blocks),
-        )
-        counters = (
-            ("tailrace:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             s.prefix_cache_queries),
-            ("tailrace:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
-            ("tailrace:num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions),
-        )
-        names, values = list(self.labels), list(self.labels.values())
-        for name, doc, value in gauges:
-            family = GaugeMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
-            yield family
-        for name, doc, value in counters:
-            family = CounterMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
-            yield family
+        vllm = _Names("vllm:", {"model_name": self.model_name, "engine": ENGINE_INDEX})
+        own = _Names("tailrace:", {"model_name": self.model_name})
+        for names in (vllm, own):
+            yield from self._families(names)
+        s = self._stats
+        yield own.gauge("num_free_kv_blocks", "Free KV-cache blocks.", s.num_free_blocks)
+        yield own.gauge("num_total_kv_blocks", "All KV-cache blocks.", s.num_total_blocks)
+
+    def _families(self, names: _Names) -> Iterator[Metric]:
+        s = self._stats
+        yield names.gauge("num_requests_running", "Number of requests in model execution batches.", s.num_running)
+        yield names.gauge("num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
+        yield names.gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)
+        yield names.counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                            s.prefix_cache_queries)
+        yield names.counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                            s.prefix_cache_hits)
+        yield names.counter("num_preemptions", "Cumulative number of preemption from the engine.", s.num_preemptions)
+        yield names.counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+        yield names.counter("generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
+        success = CounterMetricFamily(names.prefix + "request_success", "Count of successfully processed requests.",
+                                      labels=[*names.labels, "finished_reason"])
+        for reason, count in self.finished.items():
+            success.add_metric([*names.labels.values(), reason], count)
+        yield success
+        yield names.histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              self.ttft)
+        yield names.histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                              self.itl)
+        yield names.histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                              self.e2e)
+
+
+@dataclass(slots=True)
+class _Names:
+    """One naming scheme: a prefix and the label set every series carries."""
+
+    prefix: str
+    labels: dict[str, str]
+
+    def gauge(self, name: str, doc: str, value: float) -> Metric:
+        return self._single(GaugeMetricFamily, name, doc, value)
+
+    def counter(self, name: str, doc: str, value: float) -> Metric:
+        return self._single(CounterMetricFamily, name, doc, value)
+
+    def _single(self, kind: type, name: str, doc: str, value: float) -> Metric:
+        family = kind(self.prefix + name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def histogram(self, name: str, doc: str, histogram: Histogram) -> Metric:
+        family = HistogramMetricFamily(self.prefix + name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), histogram.cumulative(), histogram.total)
+        return family

@@ -71,3 +71,58 @@ def test_two_instances_do_not_share_state():
 def test_samples_carry_the_model_name_label():
     text = ServerMetrics("tiny").render(EngineStats()).decode()
     assert 'tailrace:num_requests_running{model_name="tiny"}' in text
+
+
+def vllm_samples(text: str) -> dict:
+    return {(s.name, s.labels.get("finished_reason")): s for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name.startswith("vllm:")}
+
+
+def test_vllm_names_carry_model_name_and_engine_labels():
+    text = ServerMetrics("tiny").render(EngineStats(num_running=2)).decode()
+    assert 'vllm:num_requests_running{engine="0",model_name="tiny"} 2.0' in text
+
+
+def test_every_vllm_series_reads_the_same_as_its_tailrace_twin():
+    metrics = ServerMetrics("tiny")
+    metrics.add_tokens(prompt=4, generation=9)
+    metrics.count_finish("length")
+    metrics.observe_itl(0.02)
+    text = metrics.render(EngineStats(num_waiting=3, kv_usage=0.25, prefix_cache_queries=8,
+                                      prefix_cache_hits=5, num_preemptions=2)).decode()
+    ours = {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+    twins = {(name.replace("vllm:", "tailrace:"), tuple((k, v) for k, v in labels if k != "engine")): value
+             for (name, labels), value in ours.items() if name.startswith("vllm:")}
+    assert twins == {key: ours[key] for key in twins}
+
+
+def test_the_vllm_dashboard_series_are_all_there():
+    names = {name for name, _ in vllm_samples(ServerMetrics().render(EngineStats()).decode())}
+    assert names >= {
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket"}
+
+
+def test_no_created_series_are_written():
+    metrics = ServerMetrics()
+    metrics.add_tokens(prompt=1, generation=1)
+    metrics.observe_e2e(1.0)
+    assert "_created" not in metrics.render(EngineStats()).decode()
+
+
+def test_request_success_reads_zero_for_a_reason_not_seen_yet():
+    got = vllm_samples(ServerMetrics().render(EngineStats()).decode())
+    assert [got[("vllm:request_success_total", r)].value for r in ("stop", "length", "abort")] == [0, 0, 0]
+
+
+def test_a_value_on_a_bucket_bound_counts_in_that_bucket():
+    metrics = ServerMetrics()
+    metrics.observe_ttft(0.1)
+    families = text_string_to_metric_families(metrics.render(EngineStats()).decode())
+    buckets = {s.labels["le"]: s.value for family in families for s in family.samples
+               if s.name == "vllm:time_to_first_token_seconds_bucket"}
+    assert (buckets["0.08"], buckets["0.1"], buckets["+Inf"]) == (0, 1, 1)

@@ -199,7 +199,13 @@ class Generation:
         if step.first:
             p = step.choice.index // self._n
             self.usage.cached_per_prompt[p] = max(self.usage.cached_per_prompt[p], step.output.num_cached_tokens)
-        if delta.finish_reason is not None and self.metrics is not None:
+        if self.metrics is None:
+            return
+        # Counted as they are generated, so the counters (and the stats log's throughput) move
+        # during a long stream; a prompt counts once, when its first choice starts.
+        prompt_tokens = len(step.choice.prompt.token_ids) if step.first and step.choice.index % self._n == 0 else 0
+        self.metrics.add_tokens(prompt_tokens, len(delta.token_ids))
+        if delta.finish_reason is not None:
             self.metrics.count_finish(delta.finish_reason)
 
     def _observe(self, choice: ChoiceState, output: RequestOutput) -> None:
@@ -216,7 +222,6 @@ class Generation:
     def _finish_metrics(self) -> None:
         if self.metrics is not None:
             self.metrics.observe_e2e(time.monotonic() - self.started_at)
-            self.metrics.add_tokens(self.usage.prompt_tokens, self.usage.completion_tokens)
 
     async def _merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, delta) from all prompts' engine streams as they arrive. Closing this
