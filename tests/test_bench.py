@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tailrace.bench.records import LevelResult, RequestRecord, StreamRecorder
-from tailrace.bench.report import format_comparison, percentile, summarize, tpot
+from tailrace.bench.report import format_comparison, percentile, summarize, tpot, write_json
 from tailrace.bench.serve import LoadConfig, Workload, api_roots, request_body, run_level
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.sse import SSEDecoder, decode_lines
@@ -234,3 +234,9 @@ def test_bench_serve_writes_summaries_records_and_a_plot(tailrace_url: str, tmp_
         assert len(level["requests"]) == 8
         assert all(r["ok"] and r["output_tokens"] == 8 and len(r["itl"]) >= 1 for r in level["requests"])
     assert png.stat().st_size > 10_000
+
+
+def test_json_output_goes_into_a_directory_made_for_it(tmp_path: Path):
+    path = tmp_path / "bench" / "out" / "run.json"
+    write_json(path, {"config": {}}, {})
+    assert json.loads(path.read_text()) == {"config": {}, "runs": {}}

@@ -51,8 +51,11 @@ def _add_load_flags(parser: argparse.ArgumentParser, concurrency: str, num_promp
     parser.add_argument("--input-len", type=int, default=128, help="prompt length in tokens, about (default: 128)")
     parser.add_argument("--output-len", type=int, default=128, help="answer length in tokens (default: 128)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrivals (default: 0)")
-    parser.add_argument("--out", default=None, help="write summaries and per-request records to this JSON file")
-    parser.add_argument("--plot", default=None, help="draw throughput and latency CDFs into this PNG file")
+    parser.add_argument("--out", default=None,
+                        help="write summaries and per-request records to this JSON file, such as "
+                             "bench/out/run.json (default: none, the tables are only printed)")
+    parser.add_argument("--plot", default=None,
+                        help="draw throughput and latency CDFs into this PNG file (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -67,5 +67,6 @@ def plot(runs: dict[str, list[LevelResult]], path: str | Path, title: str) -> No
     throughput.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

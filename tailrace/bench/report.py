@@ -121,6 +121,7 @@ def level_json(level: LevelResult) -> dict[str, Any]:
 def write_json(path: str | Path, meta: dict[str, Any], runs: dict[str, list[LevelResult]]) -> None:
     """`runs` maps a server's label to its levels; `meta` is the run's settings."""
     body = {**meta, "runs": {label: [level_json(level) for level in levels] for label, levels in runs.items()}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(_json_safe(body), indent=1) + "\n")
 
 
