@@ -53,3 +53,22 @@ def test_serving_imports_no_test_only_package():
     run = subprocess.run([sys.executable, "-c", _BLOCKED_IMPORT, ",".join(sorted(blocked))], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+_BENCH_WITHOUT_HTTPX = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "httpx":
+            raise ModuleNotFoundError(name=name)
+sys.meta_path.insert(0, Block())
+from tailrace.cli import main
+sys.exit(main(["bench", "serve"]))
+"""
+
+
+def test_bench_without_its_extra_says_what_to_install():
+    run = subprocess.run([sys.executable, "-c", _BENCH_WITHOUT_HTTPX], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2
+    assert "needs the bench extra (httpx is missing): pip install -e '.[bench]'" in run.stdout

@@ -88,7 +88,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from tailrace.bench.serve import BenchError
+    try:
+        from tailrace.bench.serve import BenchError
+    except ImportError as exc:  # the serving install leaves the load generator's packages out
+        print(f"error: tailrace bench needs the bench extra ({exc.name} is missing): pip install -e '.[bench]'")
+        return 2
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would bury the progress bar
     try:
