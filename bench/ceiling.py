@@ -22,18 +22,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from offline import random_prompts  # bench/ is on sys.path when a script here runs
+from decode_step import forward_step, load_as_engine  # bench/ is on sys.path when a script here runs
+from offline import random_prompts
 
 from tailrace import LLM, SamplingParams
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.loader import load_model
+from tailrace.model.attention import KVCache
 
 
 def bare_loop(model_dir: str, prompts: list[list[int]], output_len: int, batch: int) -> float:
     """Output tokens/s of prefill + greedy decode, `batch` sequences at a time, nothing else."""
-    model, config = load_model(model_dir, dtype="float32")
+    model, config = load_as_engine(model_dir)
     block = 16
     per_seq = -(-(len(prompts[0]) + output_len) // block)
     cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
@@ -47,17 +47,7 @@ def bare_loop(model_dir: str, prompts: list[list[int]], output_len: int, batch: 
             for step in range(output_len):
                 past = len(tokens[0]) - (len(group[0]) if step == 0 else 1)
                 rows = [t[past:] for t in tokens]
-                slices, slots, ids, positions = [], [], [], []
-                for j, (row, table) in enumerate(zip(rows, tables)):
-                    slices.append(SeqSlice(j, len(ids), len(row), past + len(row), table))
-                    ids.extend(row)
-                    positions.extend(range(past, past + len(row)))
-                    slots.extend(table[p // block] * block + p % block for p in range(past, past + len(row)))
-                attn = AttentionBatch(slices, torch.tensor(slots))
-                cache.begin(attn)
-                hidden = model(torch.tensor(ids), torch.tensor(positions), attn, cache)
-                last = torch.tensor([s.q_start + s.q_len - 1 for s in slices])
-                next_ids = model.compute_logits(hidden[last]).argmax(dim=-1).tolist()
+                next_ids = forward_step(model, cache, tables, rows, past).argmax(dim=-1).tolist()
                 for t, n in zip(tokens, next_ids):
                     t.append(n)
             for j in range(len(group)):

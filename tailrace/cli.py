@@ -17,6 +17,7 @@ from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
 from tailrace.model.loader import LOAD_FORMATS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
+from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
 from tailrace.serving.sampling_defaults import load_sampling_defaults
 
@@ -25,6 +26,8 @@ log = logging.getLogger("tailrace")
 _ENGINE_FLAGS = {
     "dtype": (dtype_name, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
                           "bfloat16, float16 (vLLM's half and float are the same)"),
+    "quantization": (str, "weight-only quantization at load: int8 (per channel) or int4 (groups of 32) "
+                          "(default: none)"),
     "load_format": (str, "auto (safetensors) or dummy (random weights from config.json)"),
     "device": (device_name, "auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N"),
     "attention": (str, "KV cache layout: auto (slab on CPU, paged on CUDA), slab or paged"),
@@ -42,7 +45,8 @@ _ENGINE_FLAGS = {
 }
 
 
-_ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "attention": ATTENTION_BACKENDS}
+_ENGINE_CHOICES = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "load_format": LOAD_FORMATS,
+                   "attention": ATTENTION_BACKENDS}
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ ATTENTION_BACKENDS = ("auto", "slab", "paged")
 class EngineConfig:
     model: str | None = None  # None: the embedded tiny model
     dtype: str = "auto"
+    quantization: str | None = None  # "int8" / "int4": weight-only, quantized at load (model/quant.py)
     load_format: str = "auto"  # "dummy": random weights from config.json alone
     device: str = "auto"  # cuda when a GPU is visible, else cpu
     attention: str = "auto"  # the KV layout: "slab" on CPU, "paged" (block tables) on CUDA

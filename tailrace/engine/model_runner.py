@@ -24,6 +24,7 @@ from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured import MaskJob, MaskWorker
 from tailrace.engine.transfer import record_event
 from tailrace.model.attention import KVCache
+from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
@@ -70,8 +71,10 @@ class ModelRunner:
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
-            device=str(self.device), seed=config.seed,
+            device=str(self.device), seed=config.seed, quantization=config.quantization,
         )
+        if config.quantization is None and packable(self.model.dtype, self.device):
+            pack_linears(self.model)
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size

@@ -8,6 +8,7 @@ concatenates them). Parameters are created uninitialised: `loader.load_model` fi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -196,6 +197,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.model = LlamaModel(config, dtype)
+        # None when tied: the logits read the embedding table (quantization may set its own head).
+        self.lm_head = None
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
 
@@ -217,5 +220,21 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
-        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+
+def replace_projections(
+    model: LlamaForCausalLM, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
+) -> None:
+    """Every Linear, and the LM head of a tied model (otherwise the embedding table), replaced in
+    place by make(weight, bias): how quantized and packed projections enter the model. The
+    embedding lookup keeps the plain table."""
+    with torch.no_grad():
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, Linear):
+                    setattr(parent, name, make(child.weight, child.bias))
+        if model.lm_head is None:
+            model.lm_head = make(model.model.embed_tokens.weight, None)

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from tailrace.model.config import ModelConfig, load_model_config
 from tailrace.model.llama import LlamaForCausalLM, RMSNorm
+from tailrace.model.quant import quantize_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "dummy")
@@ -27,9 +28,11 @@ _FUSED_PARTS = {
 
 
 def load_model(
-    path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0
+    path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0,
+    quantization: str | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """dtype "auto" is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only config.json."""
+    """dtype "auto" is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only config.json;
+    quantization "int8" / "int4" quantizes the projections after loading (see quant)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
@@ -41,6 +44,8 @@ def load_model(
             init_dummy_weights(model, seed)
         else:
             load_safetensors(model, checkpoint_files(path))
+    if quantization is not None:
+        quantize_model(model, quantization)
     return model.eval(), config
 
 

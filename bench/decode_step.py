@@ -1,0 +1,138 @@
+"""Batch-1 (and batch-B) decode step time against the weight-streaming floor, in one run:
+
+    .venv/bin/python bench/decode_step.py --model /path/to/shape --dtype float32 --threads 2
+
+The floor is the bytes of weights a decode step must read (every linear layer and the LM head;
+the embedding lookup reads one row) divided by the read bandwidth measured here, on the same
+threads, by summing a buffer larger than the caches. The step is the model's forward plus
+logits for B sequences at a context of --context tokens, through the engine's own KV cache, with
+dummy weights (load_format dummy: only config.json is needed). Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from tailrace.engine.config import EMBEDDED_MODEL
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.cpu_linear import pack_linears, packable
+from tailrace.model.loader import load_model
+from tailrace.model.quant import QUANTIZATIONS
+
+_BANDWIDTH_BYTES = 1 << 30
+
+
+def load_as_engine(model_dir: str, dtype: str = "float32", quantization: str | None = None,
+                   load_format: str = "auto", pack: bool = True):
+    """The model as the engine's model runner prepares it on the CPU: loaded, then quantized or packed."""
+    model, config = load_model(model_dir, dtype=dtype, load_format=load_format, quantization=quantization)
+    if pack and quantization is None and packable(model.dtype, torch.device("cpu")):
+        pack_linears(model)
+    return model, config
+
+
+def read_bandwidth(threads: int, repeats: int = 5) -> float:
+    """Bytes/s of a sum over a 1 GiB float32 buffer: the rate weights stream at from memory."""
+    torch.set_num_threads(threads)
+    buffer = torch.ones(_BANDWIDTH_BYTES // 4)
+    buffer.sum()
+    best = min(_timed(buffer.sum) for _ in range(repeats))
+    return _BANDWIDTH_BYTES / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def streamed_weight_bytes(model: torch.nn.Module) -> int:
+    """What a decode step reads: every weight (plain, packed or quantized) but the embedding table
+    and the rotary tables, plus the table when the logits read it (a tied, unreplaced head)."""
+    skipped = {id(model.model.embed_tokens.weight), id(model.model.rotary.cos), id(model.model.rotary.sin)}
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if id(t) not in skipped]
+    tensors += [m.packed for m in model.modules() if hasattr(m, "packed") and m.packed.is_mkldnn]
+    if model.lm_head is None:
+        tensors.append(model.model.embed_tokens.weight)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def decode_step_times(model, config, batch: int, context: int, steps: int) -> list[float]:
+    block = 16
+    per_seq = -(-(context + steps + 1) // block)
+    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
+                    next(model.parameters()).dtype, max_seqs=batch, max_model_len=per_seq * block)
+    tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
+    times = []
+    with torch.inference_mode():
+        # One prefill of every sequence fills the cache to `context`.
+        forward_step(model, cache, tables, [list(range(3, 3 + context))] * batch, 0)
+        ids = [[5]] * batch
+        for i in range(steps):
+            start = time.perf_counter()
+            logits = forward_step(model, cache, tables, ids, context + i)
+            logits.argmax(dim=-1).tolist()
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list[int]], past: int) -> torch.Tensor:
+    """Sequence j (block table tables[j]) runs its new tokens rows[j] after `past` cached ones:
+    the logits of each sequence's last row, from the model and KV cache alone."""
+    block = cache.block_size
+    slices, slots, ids, positions = [], [], [], []
+    for j, (row, table) in enumerate(zip(rows, tables)):
+        slices.append(SeqSlice(j, len(ids), len(row), past + len(row), table))
+        ids.extend(row)
+        positions.extend(range(past, past + len(row)))
+        slots.extend(table[p // block] * block + p % block for p in range(past, past + len(row)))
+    batch = AttentionBatch(slices, torch.tensor(slots))
+    cache.begin(batch)
+    hidden = model(torch.tensor(ids), torch.tensor(positions), batch, cache)
+    last = torch.tensor([s.q_start + s.q_len - 1 for s in slices])
+    return model.compute_logits(hidden[last])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=EMBEDDED_MODEL, help="a model directory (config.json is enough)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None)
+    parser.add_argument("--no-pack", action="store_true", help="plain F.linear projections (the unpacked baseline)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--context", type=int, default=192)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--out", default="bench/out/decode_step.json")
+    args = parser.parse_args()
+    bandwidth = read_bandwidth(args.threads)
+    model, config = load_as_engine(args.model, args.dtype, args.quantization, "dummy", pack=not args.no_pack)
+    weight_bytes = streamed_weight_bytes(model)
+    floor = weight_bytes / bandwidth
+    rows = []
+    for batch in args.batch:
+        times = decode_step_times(model, config, batch, args.context, args.steps)
+        median = statistics.median(times[2:])
+        rows.append({"batch": batch, "step_ms": median * 1e3, "tok_per_s": batch / median,
+                     "vs_floor": median / floor})
+    print(f"{args.model}: {args.dtype}{' ' + args.quantization if args.quantization else ''}, {args.threads} "
+          f"threads, weights read per step {weight_bytes / 1e6:.1f} MB, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
+          f"floor {floor * 1e3:.2f} ms, load {os.getloadavg()[0]:.2f}")
+    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'/ floor':>8}")
+    for row in rows:
+        print(f"{row['batch']:>6} {row['step_ms']:>9.2f} {row['tok_per_s']:>8.1f} {row['vs_floor']:>8.2f}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump({"date": datetime.now(timezone.utc).isoformat(), "args": vars(args), "load": os.getloadavg(),
+                   "weight_bytes": weight_bytes, "bandwidth": bandwidth, "floor_s": floor, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
