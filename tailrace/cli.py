@@ -176,7 +176,14 @@ def _one_model(args: argparse.Namespace) -> str | None:
     """The positional MODEL or vLLM's --model; both only when they agree."""
     if args.model_option is not None and args.model not in (None, args.model_option):
         raise ValueError(f"two models given: {args.model} and --model {args.model_option}; give one")
-    return args.model or args.model_option
+    model = args.model or args.model_option
+    # `--served-model-name NAME... MODEL` takes MODEL as one more name; serving the embedded model
+    # under it would hide the mistake.
+    swallowed = [name for name in (args.served_model_name or [])[1:] if os.path.exists(name)]
+    if model is None and swallowed:
+        raise ValueError(f"--served-model-name took {swallowed[0]!r}, a path: give the model before "
+                         "--served-model-name, or as --model")
+    return model
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -29,6 +29,11 @@ def test_two_different_models_are_refused():
         _one_model(parse("/models/a", "--model", "/models/b"))
 
 
+def test_a_model_path_taken_as_a_served_name_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="a path: give the model before --served-model-name"):
+        _one_model(parse("--served-model-name", "tiny", str(tmp_path)))
+
+
 def test_served_model_name_takes_several_names():
     assert parse("--served-model-name", "gpt-4-0613", "gpt-4").served_model_name == ["gpt-4-0613", "gpt-4"]
 
