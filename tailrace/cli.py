@@ -40,7 +40,8 @@ _ENGINE_FLAGS = {
                                          "with weights and activations, as vLLM does (overrides "
                                          "--kv-cache-memory-gb; ignored on CPU)"),
     "max_model_len": (token_count, "context limit in tokens, also as 32k or 32K (default: the model's)"),
-    "threads": (int, "torch threads in the engine core (default: all cores but one)"),
+    "threads": (int, "torch threads in the engine core, fixed (default: chosen step by step among all cores, "
+                     "all but one and half, by measured step time)"),
     "seed": (int, "seed for requests that give none"),
 }
 

@@ -29,7 +29,7 @@ class EngineConfig:
     # kv_cache_memory_gb there; ignored on CPU). None: kv_cache_memory_gb.
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    threads: int | None = None  # torch threads in the core; None: all cores but one
+    threads: int | None = None  # torch threads in the core; None: chosen per step by measurement (threads.py)
     enable_prefix_caching: bool = True
     seed: int = 0
     in_process: bool = False  # run the core on a thread of this process (tests, debugging)

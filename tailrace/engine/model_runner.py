@@ -8,7 +8,6 @@ work by the time it returns.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from tailrace.engine.sampler import (
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured import MaskJob, MaskWorker
+from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
 from tailrace.engine.transfer import record_event
 from tailrace.model.attention import KVCache
 from tailrace.model.cpu_linear import pack_linears, packable
@@ -59,8 +59,9 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
-        # One core stays free for the API process (JSON, detokenizing); on 2 cores that is 1 thread.
-        torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 2) - 1))
+        # An explicit --threads stays fixed; otherwise each CPU step's thread count is measured (threads.py).
+        self.threads = ThreadTuner([config.threads] if config.threads else thread_candidates(available_cores()))
+        torch.set_num_threads(self.threads.candidates[0])
         self.device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
         if self.device.type == "cuda":
             # Events, graphs and Triton launches use the current device (per thread): make it this one.
@@ -124,6 +125,9 @@ class ModelRunner:
         for the device on the common path (see sampler for the exceptions)."""
         graph_size = None if self.graphs is None else decode_size(self.graphs.sizes, scheduled)
         inputs = self.inputs.build(scheduled, pad_to=graph_size or 0)
+        tuned = not self.asynchronous and not self.threads.fixed
+        if tuned:  # on CPU, launch is the whole step
+            self.threads.start(inputs.input_ids.shape[0])
         self.cache.begin(inputs.batch)
         masks = self._start_masks(scheduled)
         need = _logit_rows(scheduled, inputs)
@@ -149,6 +153,8 @@ class ModelRunner:
                                                              s.generator, eos_token_ids) for s in seqs],
                                         self.shared_generator).to_host()
         step.done = record_event(self.device)
+        if tuned:
+            self.threads.finish()
         return step
 
     def collect(self, step: LaunchedStep) -> list[StepResult]:
