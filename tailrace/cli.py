@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
     serve.add_argument("--disable-log-requests", action="store_true",
                        help="accepted for vLLM's command lines: requests are not logged unless --access-log")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="no stats line in the log every 10 s of work (throughput, queue, KV cache)")
     serve.add_argument("--trust-remote-code", action=RefuseRemoteCode,
                        help="refused: tailrace runs no code from a checkpoint")
     add_engine_flags(serve)
@@ -213,7 +215,8 @@ async def serve(args: argparse.Namespace) -> int:
                                          max_body_bytes=args.max_body_bytes, metrics_public=args.metrics_public,
                                          cors_origins=args.cors_origin + args.allowed_origins, limits=limits,
                                          chat=chat_options_from(args), other_model_names=other_names,
-                                         sampling_defaults=sampling_defaults))
+                                         sampling_defaults=sampling_defaults,
+                                         log_stats=not args.disable_log_stats))
 
     def log_ready() -> None:
         info = engine.info

@@ -6,7 +6,7 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from tailrace.api.app import ServerConfig, build_app
+from tailrace.api.app import ServerConfig, build_app, start_draining
 from tailrace.engine.client import EngineDeadError
 from tailrace.engine.config import EMBEDDED_MODEL
 from tailrace.engine.stats import EngineStats
@@ -249,15 +249,28 @@ def test_no_key_configured_needs_no_auth(client):
     assert client.get("/v1/models").status_code == 200
 
 
-def test_missing_key_is_401_invalid_api_key(engine):
+def test_missing_key_is_401_saying_no_key_was_provided(engine):
     response = client_for(engine, api_key=KEY).post("/v1/completions", json=COMPLETION)
-    assert_openai_error(response, 401, code="invalid_api_key")
+    assert_openai_error(response, 401)
+    assert response.json()["error"]["message"].startswith("You didn't provide an API key.")
     assert response.headers["x-should-retry"] == "false"
 
 
-def test_wrong_key_is_401(engine):
-    response = client_for(engine, api_key=KEY).get("/v1/models", headers={"authorization": "Bearer nope"})
+def test_wrong_key_is_401_invalid_api_key_showing_the_key_masked(engine):
+    response = client_for(engine, api_key=KEY).get("/v1/models",
+                                                   headers={"authorization": "Bearer sk-wrong-key-1234"})
     assert_openai_error(response, 401, code="invalid_api_key")
+    assert response.json()["error"]["message"] == "Incorrect API key provided: sk-****1234."
+
+
+def test_bearer_with_no_key_counts_as_missing(engine):
+    response = client_for(engine, api_key=KEY).get("/v1/models", headers={"authorization": "Bearer "})
+    assert response.json()["error"]["code"] is None
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/version"), ("GET", "/ping"), ("POST", "/ping")])
+def test_version_and_ping_need_no_key(engine, method, path):
+    assert client_for(engine, api_key=KEY).request(method, path).status_code == 200
 
 
 def test_right_key_is_served(engine):
@@ -329,6 +342,19 @@ def test_health_is_200_empty_object_when_ready(client):
 def test_health_is_503_in_openai_shape_when_not_ready(engine, client):
     engine.ready = False
     assert_openai_error(client.get("/health"), 503)
+
+
+@pytest.mark.parametrize("path", ["/health", "/ping"])
+def test_health_and_ping_are_503_while_draining(client, path):
+    start_draining(client.app)
+    assert_openai_error(client.get(path), 503)
+
+
+def test_new_generation_requests_are_503_while_draining(client):
+    start_draining(client.app)
+    response = client.post("/v1/completions", json=COMPLETION)
+    assert_openai_error(response, 503)
+    assert "x-should-retry" not in response.headers
 
 
 def test_version_reports_the_package_version(client):

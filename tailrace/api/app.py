@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tailrace.api.openapi import json_body, openapi_document
 from tailrace.api.sse import aclose, sse_stream
+from tailrace.api.stats_log import log_stats
 from tailrace.engine.client import EngineClient, EngineDeadError
 from tailrace.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from tailrace.metrics import ServerMetrics
@@ -33,8 +34,8 @@ from tailrace.serving.completions import create_completion
 from tailrace.serving.context import ChatOptions, RequestContext
 from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
-                                     invalid_api_key, invalid_json, invalid_request, model_not_found,
-                                     payload_too_large)
+                                     invalid_api_key, invalid_json, invalid_request, missing_api_key,
+                                     model_not_found, payload_too_large)
 from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tailrace.serving.sampling_defaults import with_sampling_defaults
 
@@ -57,15 +58,18 @@ class ServerConfig:
     # More names clients may send (vLLM's `--served-model-name A B`); responses carry the first.
     other_model_names: list[str] = field(default_factory=list)
     sampling_defaults: dict[str, float] = field(default_factory=dict)  # the model's generation_config.json
+    log_stats: bool = True  # the periodic stats line (--disable-log-stats turns it off)
 
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
-    app = FastAPI(title="tailrace", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(config.served_model_name)
+    app = FastAPI(title="tailrace", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=_stats_logging(engine, metrics) if config.log_stats else None)
+    app.state.draining = False
     require_key = [Depends(_bearer_check(config.api_key))] if config.api_key else []
     app.include_router(_openai_routes(engine, config, metrics), dependencies=require_key)
     app.include_router(_openapi_route(app, config), dependencies=require_key)
-    app.include_router(_status_routes(engine, require_key))
+    app.include_router(_status_routes(engine))
     app.include_router(_metrics_route(engine, metrics), dependencies=[] if config.metrics_public else require_key)
     _add_error_handlers(app)
     # Pure ASGI middlewares (no BaseHTTPMiddleware: it buffers and breaks streaming). Last added runs first.
@@ -75,6 +79,24 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
                            allow_headers=["*"], expose_headers=["x-request-id"])
     app.add_middleware(_RequestIdMiddleware)
     return app
+
+
+def start_draining(app: FastAPI) -> None:
+    """From now on /health, /ping and new generation requests answer 503, so that load balancers
+    take this server out of rotation while the running requests finish."""
+    app.state.draining = True
+
+
+def _stats_logging(engine: EngineClient, metrics: ServerMetrics) -> Callable[[FastAPI], Any]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(log_stats(metrics, engine.stats))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    return lifespan
 
 
 # ---- routes ---------------------------------------------------------------------------------------
@@ -93,13 +115,13 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
     async def completions(request: Request) -> Response:
         body = with_sampling_defaults(await _parse(request, CompletionRequest), config.sampling_defaults)
         _check_model(names, body.model)
-        _check_ready(engine)
+        _check_ready(request, engine)
         return await _respond(request, create_completion(engine, body, context(request)))
 
     async def chat_completions(request: Request) -> Response:
         body = with_sampling_defaults(await _parse(request, ChatCompletionRequest), config.sampling_defaults)
         _check_model(names, body.model)
-        _check_ready(engine)
+        _check_ready(request, engine)
         return await _respond(request, create_chat_completion(engine, body, context(request)))
 
     def model_card(name: str) -> dict[str, Any]:
@@ -154,12 +176,15 @@ def _openapi_route(app: FastAPI, config: ServerConfig) -> APIRouter:
     return router
 
 
-def _status_routes(engine: EngineClient, require_key: list) -> APIRouter:
-    """/health answers anyone (load balancers, supervisors); /version is behind the key like the rest."""
+def _status_routes(engine: EngineClient) -> APIRouter:
+    """/health, /ping (SageMaker's name, GET or POST) and /version answer anyone, as vLLM's do: load
+    balancers and supervisors hold no key."""
     router = APIRouter()
     version = importlib.metadata.version("tailrace")
 
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        if request.app.state.draining:
+            raise engine_unavailable("The server is shutting down.")
         if not engine.is_ready:
             raise engine_unavailable()
         return _json({})
@@ -168,7 +193,8 @@ def _status_routes(engine: EngineClient, require_key: list) -> APIRouter:
         return _json({"version": version})
 
     router.add_api_route("/health", health, methods=["GET"])
-    router.add_api_route("/version", get_version, methods=["GET"], dependencies=require_key)
+    router.add_api_route("/ping", health, methods=["GET", "POST"])
+    router.add_api_route("/version", get_version, methods=["GET"])
     return router
 
 
@@ -187,9 +213,12 @@ def _check_model(names: tuple[str, ...], model: str | None) -> None:
         raise model_not_found(model)
 
 
-def _check_ready(engine: EngineClient) -> None:
+def _check_ready(request: Request, engine: EngineClient) -> None:
     # The server accepts connections while the model loads; until then the engine knows no
-    # context length, so generation requests wait for /health to turn 200.
+    # context length, so generation requests wait for /health to turn 200. While it drains, the
+    # SDKs retry the 503, and a load balancer sends the retry to another server.
+    if request.app.state.draining:
+        raise engine_unavailable("The server is shutting down. Please retry.")
     if not engine.is_ready:
         raise engine_unavailable("The model is still loading or has stopped. Please retry shortly.")
 
@@ -282,10 +311,14 @@ def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
     expected = api_key.encode()
 
     async def require_key(request: Request) -> None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        sent = request.headers.get("authorization", "").strip()
+        scheme, _, token = sent.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else sent
+        if not token or token.lower() == "bearer":
+            raise missing_api_key()
         # compare_digest: the time taken must not reveal how much of the key matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise invalid_api_key()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected):
+            raise invalid_api_key(token)
 
     return require_key
 

@@ -19,7 +19,7 @@ from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, 
 
 _REF = "#/components/schemas/{model}"
 _BODIES: tuple[type[BaseModel], ...] = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
-_PUBLIC_PATHS = frozenset({"/health"})  # answered without the key
+_PUBLIC_PATHS = frozenset({"/health", "/ping", "/version"})  # answered without the key
 _ERROR = {
     "type": "object", "required": ["error"],
     "properties": {"error": {

@@ -61,9 +61,16 @@ def model_not_found(model: str) -> OpenAIError:
                        param="model", code="model_not_found")
 
 
-def invalid_api_key() -> OpenAIError:
-    return OpenAIError(401, "Incorrect API key provided. Send it as `Authorization: Bearer <key>`.",
-                       code="invalid_api_key")
+def missing_api_key() -> OpenAIError:
+    """OpenAI's answer to a request with no key (its wording, less the link to its own site)."""
+    return OpenAIError(401, "You didn't provide an API key. You need to provide your API key in an Authorization "
+                            "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).", code=None)
+
+
+def invalid_api_key(sent: str) -> OpenAIError:
+    """OpenAI's answer to a wrong key: it shows the key masked, enough to tell which one was sent."""
+    masked = f"{sent[:3]}{'*' * 4}{sent[-4:]}" if len(sent) >= 12 else "*" * 4
+    return OpenAIError(401, f"Incorrect API key provided: {masked}.", code="invalid_api_key")
 
 
 def payload_too_large(limit_bytes: int) -> OpenAIError:

@@ -3,10 +3,15 @@ supervisor to restart it) when its engine core dies, with no open stream left ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,28 +25,35 @@ PROMPT_ERROR_S = 2.0  # an open stream ends this soon after the core dies
 EXIT_WITHIN_S = 20.0
 
 
-def refuses_connections(server: ServerProcess, within_s: float) -> bool:
+@contextlib.contextmanager
+def open_stream(server: ServerProcess, max_tokens: int) -> Iterator[Iterator[str]]:
+    """A completion stream whose first event has arrived: its remaining lines."""
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json={**STREAM, "max_tokens": max_tokens}) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
+            yield lines
+
+
+def health_status(server: ServerProcess, within_s: float) -> int | None:
+    """/health's status once it is no longer 200 (a load balancer's view of a draining server)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        try:
-            httpx.get(server.url + "/health", timeout=1.0)
-        except httpx.ConnectError:
-            return True
+        status = httpx.get(server.url + "/health", timeout=1.0).status_code
+        if status != 200:
+            return status
         time.sleep(0.05)
-    return False
+    return None
 
 
 @pytest.mark.parametrize(("sig", "group"), [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
                          ids=["SIGTERM", "SIGINT", "SIGINT-to-the-group (Ctrl+C in a terminal)"])
-def test_signal_lets_the_open_stream_finish_refuses_new_connections_and_exits_0(tmp_path_factory, sig, group):
+def test_signal_drains_with_health_503_lets_the_open_stream_finish_and_exits_0(tmp_path_factory, sig, group):
     server = start_server(tmp_path_factory, f"shutdown-{sig.name}", "--graceful-shutdown-timeout", "60")
-    with server, httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json={**STREAM, "max_tokens": 300}) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: {")
-            server.send_signal(sig, group=group)
-            assert refuses_connections(server, within_s=5.0), "still accepting connections after the signal"
-            events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    with server, open_stream(server, max_tokens=300) as lines:
+        server.send_signal(sig, group=group)
+        assert health_status(server, within_s=5.0) == 503
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
         assert not any("error" in c for c in chunks)
@@ -52,29 +64,23 @@ def test_signal_lets_the_open_stream_finish_refuses_new_connections_and_exits_0(
 @pytest.mark.slow
 def test_streams_past_the_graceful_timeout_are_cut_and_the_exit_is_still_0(tmp_path_factory):
     server = start_server(tmp_path_factory, "shutdown-timeout", "--graceful-shutdown-timeout", "1")
-    with server, httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json={**STREAM, "max_tokens": 1500}) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: {")
-            stopped_at = time.monotonic()
-            server.send_signal(signal.SIGTERM)
-            with pytest.raises(httpx.RemoteProtocolError):  # cut: the chunked body never completes
-                for _ in lines:
-                    pass
+    with server, open_stream(server, max_tokens=1500) as lines:
+        stopped_at = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.RemoteProtocolError):  # cut: the chunked body never completes
+            for _ in lines:
+                pass
         assert server.wait(EXIT_WITHIN_S) == 0, server.log_tail()
         assert time.monotonic() - stopped_at < 1.0 + EXIT_WITHIN_S / 2
 
 
 def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_factory):
     server = start_server(tmp_path_factory, "engine-death")
-    with server, httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json={**STREAM, "max_tokens": 1500}) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: {")
-            os.kill(server.core_pid(), signal.SIGKILL)
-            killed_at = time.monotonic()
-            events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
-            ended_after = time.monotonic() - killed_at
+    with server, open_stream(server, max_tokens=1500) as lines:
+        os.kill(server.core_pid(), signal.SIGKILL)
+        killed_at = time.monotonic()
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        ended_after = time.monotonic() - killed_at
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert (error["type"], error["code"]) == ("server_error", "engine_unavailable")
@@ -87,3 +93,23 @@ def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_facto
         assert server.wait(EXIT_WITHIN_S) == 1, server.log_tail()
         print(f"core killed: stream error after {ended_after * 1000:.0f} ms, "
               f"server exit 1 after {time.monotonic() - killed_at:.2f} s")
+
+
+def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path_factory):
+    server = start_server(tmp_path_factory, "forced-stop", "--graceful-shutdown-timeout", "60")
+    with server, open_stream(server, max_tokens=1500) as lines:
+        server.send_signal(signal.SIGINT)
+        assert health_status(server, within_s=5.0) == 503
+        server.send_signal(signal.SIGINT)
+        assert server.wait(EXIT_WITHIN_S) == 0
+    assert "Traceback" not in server.log_tail()
+
+
+def test_a_busy_port_prints_one_line_and_exits_1():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "tailrace", "serve", "--port", str(port)], capture_output=True,
+                              text=True, timeout=EXIT_WITHIN_S)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line or "Traceback" in line]
+    assert done.returncode == 1
+    assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in errors[0]
