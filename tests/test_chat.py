@@ -189,10 +189,19 @@ def test_stream_role_chunk_carries_empty_logprobs_content_when_requested():
 
 def test_context_overflow_raises_before_the_stream_starts():
     request = ChatCompletionRequest.model_validate({"model": "tiny", "messages": MESSAGES, "stream": True,
-                                                    "max_tokens": 100})
+                                                    "max_tokens": 1})
     with pytest.raises(OpenAIError) as err:
-        asyncio.run(create_chat_completion(engine(max_model_len=60), request, context()))
+        asyncio.run(create_chat_completion(engine(max_model_len=5), request, context()))
     assert (err.value.code, err.value.param) == ("context_length_exceeded", "messages")
+
+
+def test_max_completion_tokens_over_the_room_left_names_max_completion_tokens():
+    request = ChatCompletionRequest.model_validate({"model": "tiny", "messages": MESSAGES,
+                                                    "max_completion_tokens": 10_000})
+    with pytest.raises(OpenAIError) as err:
+        asyncio.run(create_chat_completion(engine(max_model_len=200), request, context()))
+    assert (err.value.param, err.value.message.split(":")[0]) == (
+        "max_completion_tokens", "max_completion_tokens is too large")
 
 
 def test_prompt_that_fills_the_context_is_refused_without_max_tokens():

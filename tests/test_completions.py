@@ -237,10 +237,19 @@ def test_tokens_after_a_stop_string_cut_sit_at_the_end_of_the_text():
 # ---- errors before the stream, aborts ----------------------------------------------------------------
 
 def test_context_overflow_raises_before_the_stream_starts():
-    request = CompletionRequest.model_validate({"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True})
+    request = CompletionRequest.model_validate({"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "stream": True})
+    with pytest.raises(OpenAIError) as err:
+        asyncio.run(create_completion(engine(max_model_len=len(TOKENIZER.encode(PROMPT)) - 1), request, context()))
+    assert (err.value.status, err.value.code, err.value.param) == (400, "context_length_exceeded", "prompt")
+
+
+def test_max_tokens_over_the_room_left_is_a_max_tokens_error_not_a_prompt_overflow():
+    request = CompletionRequest.model_validate({"model": "tiny", "prompt": PROMPT, "max_tokens": 100})
     with pytest.raises(OpenAIError) as err:
         asyncio.run(create_completion(engine(max_model_len=50), request, context()))
-    assert (err.value.status, err.value.code, err.value.param) == (400, "context_length_exceeded", "prompt")
+    room = 50 - len(TOKENIZER.encode(PROMPT))
+    assert (err.value.status, err.value.param) == (400, "max_tokens")
+    assert f"leaves at most {room} completion tokens" in err.value.message
 
 
 def test_token_ids_outside_the_vocabulary_are_refused():

@@ -31,10 +31,11 @@ def test_context_length_names_messages_for_chat_and_prompt_for_completions():
     assert (chat.param, completion.param, chat.code) == ("messages", "prompt", "context_length_exceeded")
 
 
-def test_context_length_with_max_tokens_adds_a_second_sentence():
-    err = errors.context_length_exceeded(100, 90, chat=False, max_tokens=20)
-    assert err.message.startswith("Input tokens exceed the configured limit of 100 tokens.")
-    assert "20 requested completion tokens" in err.message
+def test_completion_budget_names_the_param_and_the_room_left():
+    err = errors.completion_budget_exceeded(100, 90, 20, "max_completion_tokens")
+    assert (err.status, err.param, err.code) == (400, "max_completion_tokens", "invalid_value")
+    assert err.message.startswith("max_completion_tokens is too large: 20.")
+    assert "leaves at most 10 completion tokens" in err.message
 
 
 def test_model_not_found_is_a_404_naming_the_model():
@@ -44,7 +45,8 @@ def test_model_not_found_is_a_404_naming_the_model():
 
 
 @pytest.mark.parametrize("make,status,type_", [
-    (errors.invalid_api_key, 401, "invalid_request_error"),
+    (errors.missing_api_key, 401, "invalid_request_error"),
+    (lambda: errors.invalid_api_key("sk-1234567890"), 401, "invalid_request_error"),
     (lambda: errors.payload_too_large(10), 413, "invalid_request_error"),
     (errors.rate_limited, 429, "requests"),
     (errors.engine_unavailable, 503, "server_error"),

@@ -59,7 +59,8 @@ def render_prompt(engine: EngineClient, request: ChatCompletionRequest,
     params = request.to_sampling_params()
     plan = plan_answer(request, engine.tokenizer, ctx.chat, text)
     plan.apply(params)
-    check_context(len(token_ids), params.max_tokens, engine.max_model_len, chat=True)
+    named = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    check_context(len(token_ids), params.max_tokens, engine.max_model_len, chat=True, max_tokens_param=named)
     return Prompt(token_ids, params, request.messages[-1].text() if request.echo else None), plan.format
 
 

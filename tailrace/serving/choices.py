@@ -20,7 +20,8 @@ from tailrace.outputs import CompletionOutput, RequestOutput
 from tailrace.sampling_params import SamplingParams
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import (
-    context_length_exceeded, engine_unavailable, internal, invalid_request, request_timeout, unsupported_parameter,
+    completion_budget_exceeded, context_length_exceeded, engine_unavailable, internal, invalid_request,
+    request_timeout, unsupported_parameter,
 )
 from tailrace.serving.limits import cap_max_tokens, check_prompt_limits, check_request_limits
 from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
@@ -70,14 +71,14 @@ class Usage:
                 "prompt_tokens_details": {"cached_tokens": sum(self.cached_per_prompt)}}
 
 
-def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, chat: bool) -> None:
-    """Refuse a prompt that leaves no room: with max_tokens, prompt + max_tokens over the limit;
-    without, a prompt that fills the context on its own."""
-    if max_tokens is None:
-        if prompt_len >= max_model_len:
-            raise context_length_exceeded(max_model_len, prompt_len, chat)
-    elif prompt_len + max_tokens > max_model_len:
-        raise context_length_exceeded(max_model_len, prompt_len, chat, max_tokens)
+def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, chat: bool,
+                  max_tokens_param: str = "max_tokens") -> None:
+    """A prompt that leaves no room to generate is a context overflow (as clients classify it); one
+    that fits, with max_tokens over the room left, is a max_tokens error naming that room."""
+    if prompt_len > max_model_len or (prompt_len == max_model_len and max_tokens != 0):
+        raise context_length_exceeded(max_model_len, prompt_len, chat)
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise completion_budget_exceeded(max_model_len, prompt_len, max_tokens, max_tokens_param)
 
 
 def check_token_ids(token_ids: list[int], vocab_size: int | None, param: str) -> None:

@@ -41,19 +41,20 @@ def unsupported_parameter(field: str) -> OpenAIError:
                            code="unsupported_parameter")
 
 
-def context_length_exceeded(limit: int, prompt_tokens: int, chat: bool,
-                            max_tokens: int | None = None) -> OpenAIError:
-    """Prompt (plus the requested max_tokens, when given) over the context limit.
-
-    The first sentence is OpenAI's current wording, which LangChain and LiteLLM both recognise as a
-    context overflow; keep it verbatim.
-    """
+def context_length_exceeded(limit: int, prompt_tokens: int, chat: bool) -> OpenAIError:
+    """A prompt that leaves no room in the context. OpenAI's current wording, which LangChain and
+    LiteLLM both recognise as a context overflow; keep it verbatim."""
     message = (f"Input tokens exceed the configured limit of {limit} tokens. Your messages resulted in "
                f"{prompt_tokens} tokens. Please reduce the length of the messages.")
-    if max_tokens is not None:
-        message += (f" The prompt plus the {max_tokens} requested completion tokens "
-                    f"({prompt_tokens + max_tokens}) is over the limit; lower max_tokens or shorten the prompt.")
     return invalid_request(message, param="messages" if chat else "prompt", code="context_length_exceeded")
+
+
+def completion_budget_exceeded(limit: int, prompt_tokens: int, max_tokens: int, param: str) -> OpenAIError:
+    """A prompt that fits, with more completion tokens asked for than the context has left. It
+    starts as OpenAI's "max_tokens is too large" does and names the room that is left."""
+    return invalid_request(f"{param} is too large: {max_tokens}. The context holds {limit} tokens and the prompt "
+                           f"uses {prompt_tokens}, which leaves at most {limit - prompt_tokens} completion tokens; "
+                           f"lower {param} or shorten the prompt.", param=param)
 
 
 def model_not_found(model: str) -> OpenAIError:
