@@ -17,8 +17,11 @@ MESSAGES = [{"role": "user", "content": "Say hello"}]
 CONTINUED = [*MESSAGES, {"role": "assistant", "content": "Hello there"}]
 
 
+STOP_TOKEN = 2  # the scripted choices end on this stop token id unless a test says otherwise
+
+
 def engine(script: Script | None = None, **kwargs) -> FakeEngine:
-    return FakeEngine(TOKENIZER, same_script(script or Script(GENERATED, finish_reason="stop", stop_reason=2)),
+    return FakeEngine(TOKENIZER, same_script(script or Script(GENERATED, finish_reason="stop", stop_reason=STOP_TOKEN)),
                       **kwargs)
 
 
@@ -46,7 +49,7 @@ def join_stream(chunks: list[dict]) -> dict:
         for piece in chunk["choices"]:
             joined = choices.setdefault(piece["index"], {
                 "index": piece["index"], "message": {"role": None, "content": "", "refusal": None, "annotations": []},
-                "logprobs": None, "finish_reason": None})
+                "logprobs": None, "finish_reason": None, "stop_reason": None})
             delta = piece["delta"]
             joined["message"]["role"] = delta.get("role", joined["message"]["role"])
             joined["message"]["content"] += delta.get("content") or ""
@@ -54,7 +57,7 @@ def join_stream(chunks: list[dict]) -> dict:
                 joined["logprobs"] = joined["logprobs"] or {"content": [], "refusal": None}
                 joined["logprobs"]["content"] += piece["logprobs"]["content"]
             if piece["finish_reason"] is not None:
-                joined["finish_reason"] = piece["finish_reason"]
+                joined["finish_reason"], joined["stop_reason"] = piece["finish_reason"], piece["stop_reason"]
     return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
 
 
@@ -74,6 +77,25 @@ def test_joined_stream_equals_non_stream(echo, logprobs, n, include_usage):
     assert streamed["usage"] == (full["usage"] if include_usage else None)
 
 
+# ---- stop_reason (vLLM's) ----------------------------------------------------------------------------
+
+def test_stop_reason_is_the_stop_string_in_the_stream_and_the_response():
+    fake = engine(Script(GENERATED, finish_reason="stop", stop_reason=" world", keep_chars=6))
+    full = chat(fake, stop=[" world"])
+    streamed = join_stream(chat(fake, stop=[" world"], stream=True))
+    assert (full["choices"][0]["stop_reason"], streamed["choices"][0]["stop_reason"]) == (" world", " world")
+
+
+def test_stop_reason_is_null_on_every_chunk_but_the_finish():
+    chunks = chat(engine(), stream=True)
+    assert [p["stop_reason"] for p in pieces_of(chunks)][-1] == STOP_TOKEN
+    assert {p["stop_reason"] for p in pieces_of(chunks)[:-1]} == {None}
+
+
+def test_stop_reason_is_null_for_a_length_finish():
+    assert chat(engine(Script(GENERATED)))["choices"][0]["stop_reason"] is None
+
+
 # ---- response shape --------------------------------------------------------------------------------
 
 def test_non_stream_response_has_the_openai_shape():
@@ -84,7 +106,7 @@ def test_non_stream_response_has_the_openai_shape():
     assert result["choices"] == [{
         "index": 0, "message": {"role": "assistant", "content": TOKENIZER.decode(GENERATED), "refusal": None,
                                 "annotations": []},
-        "logprobs": None, "finish_reason": "stop"}]
+        "logprobs": None, "finish_reason": "stop", "stop_reason": STOP_TOKEN}]
     assert result["usage"]["completion_tokens"] == len(GENERATED)
 
 

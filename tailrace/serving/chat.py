@@ -101,7 +101,7 @@ class ChatPieces:
             del self._parsers[index]
             # An answer that ended in tool calls says so; one cut short stays "length".
             reason = "tool_calls" if called and delta.finish_reason == "stop" else delta.finish_reason
-            pieces.append(_piece(index, {}, None, reason))
+            pieces.append(_piece(index, {}, None, reason, delta.stop_reason))
         return pieces
 
     def _delta_fields(self, index: int, parsed: Parsed) -> dict[str, Any]:
@@ -151,9 +151,14 @@ class ChatPieces:
         if self.with_logprobs:
             logprobs = {"content": [t for p in pieces if p["logprobs"] for t in p["logprobs"]["content"]],
                         "refusal": None}
-        finish_reason = pieces[-1]["finish_reason"] if pieces else None
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        final = pieces[-1] if pieces else _piece(index, {}, None, None)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": final["finish_reason"],
+                "stop_reason": final["stop_reason"]}
 
 
-def _piece(index: int, delta: dict[str, Any], logprobs: dict | None, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+def _piece(index: int, delta: dict[str, Any], logprobs: dict | None, finish_reason: str | None,
+           stop_reason: str | int | None = None) -> dict[str, Any]:
+    """A chunk choice. `stop_reason` is vLLM's: the stop string or stop token id that ended the
+    choice, null when it ended otherwise (or has not ended)."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
