@@ -1,5 +1,6 @@
 """The HTTP face through FastAPI's TestClient, over a scripted fake engine."""
 
+import logging
 import re
 
 import orjson
@@ -431,3 +432,20 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_unset(engine):
     client = client_for(engine, sampling_defaults={"temperature": 0.6, "top_k": 20})
     client.post("/v1/chat/completions", json={**CHAT, "top_k": 5})
     assert (seen[0].temperature, seen[0].top_k) == (0.6, 5)
+
+
+# ---- strict types, unknown fields ----
+
+def test_stream_yes_is_400_invalid_type_not_a_stream(client):
+    response = client.post("/v1/chat/completions", json={**CHAT, "stream": "yes"})
+    assert_openai_error(response, 400, code="invalid_type", param="stream")
+    assert response.json()["error"]["message"] == ("Invalid type for 'stream': expected a boolean, but got a "
+                                                   "string instead.")
+
+
+def test_unknown_fields_are_served_and_named_in_one_warning(client, caplog):
+    with caplog.at_level(logging.WARNING, logger="tailrace.api.app"):
+        response = client.post("/v1/completions", json={**COMPLETION, "frobnicate": 1, "guided_zeta": "x"})
+    assert response.status_code == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].endswith("frobnicate, guided_zeta")

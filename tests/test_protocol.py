@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from tailrace.serving.errors import OpenAIError
 from tailrace.serving.protocol import (
-    ChatCompletionRequest, CompletionRequest, TokenizeRequest, unsupported_fields,
+    ChatCompletionRequest, CompletionRequest, TokenizeRequest, unknown_fields, unsupported_fields,
 )
 
 
@@ -25,6 +25,30 @@ def error_of(build, **fields) -> dict:
 
 
 # ---- parsing ----
+
+@pytest.mark.parametrize(("build", "field", "value"), [
+    (chat, "stream", "yes"), (completion, "stream", 1), (chat, "logprobs", "true"), (completion, "n", "2"),
+    (chat, "n", 2.0), (completion, "max_tokens", True), (chat, "temperature", "0.5"), (completion, "echo", "false"),
+])
+def test_json_types_are_strict(build, field, value):
+    assert error_of(build, **{field: value})["type"].endswith("_type")
+
+
+def test_an_integer_is_a_number():
+    assert (chat(temperature=1).temperature, completion(top_p=0).top_p) == (1.0, 0.0)
+
+
+def test_logit_bias_keys_are_token_ids_written_as_strings():
+    assert chat(logit_bias={"50": -100}).logit_bias == {50: -100.0}
+
+
+def test_unknown_top_level_fields_are_named():
+    body = {"model": "m", "prompt": "hi", "best_of": 1, "frobnicate": 1, "zeta": None}
+    assert unknown_fields(CompletionRequest, body) == ["frobnicate", "zeta"]
+
+
+def test_an_alias_is_a_known_field():
+    assert unknown_fields(ChatCompletionRequest, {"model": "m", "messages": [], "max_completion_tokens": 1}) == []
 
 @pytest.mark.parametrize("prompt", ["hi", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
 def test_prompt_accepts_every_openai_shape(prompt):

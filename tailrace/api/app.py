@@ -36,7 +36,8 @@ from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
                                      invalid_api_key, invalid_json, invalid_request, missing_api_key,
                                      model_not_found, payload_too_large)
-from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tailrace.serving.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                      unknown_fields)
 from tailrace.serving.sampling_defaults import with_sampling_defaults
 
 logger = logging.getLogger(__name__)
@@ -246,9 +247,14 @@ async def _parse(request: Request, model: type[M]) -> M:
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_type")
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data)
     except ValidationError as err:
         raise from_validation_errors(err.errors(include_url=False)) from None
+    ignored = unknown_fields(model, data)
+    if ignored:  # accepted, as vLLM does, but never silently
+        logger.warning("request %s: ignored fields this server does not know: %s", request.state.request_id,
+                       ", ".join(ignored))
+    return parsed
 
 
 async def _respond(request: Request, result: Awaitable[dict | AsyncIterator[dict]]) -> Response:

@@ -115,6 +115,9 @@ _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal", str: "a
 # pydantic's bound errors: (context key, operator, side of the bound)
 _BOUNDS = {"less_than_equal": ("le", "<=", "above"), "less_than": ("lt", "<", "above"),
            "greater_than_equal": ("ge", ">=", "below"), "greater_than": ("gt", ">", "below")}
+# pydantic's "Input should be a valid integer" as OpenAI says it: "expected an integer".
+_EXPECTED = {"a valid boolean": "a boolean", "a valid integer": "an integer", "a valid number": "a number",
+             "a valid string": "a string", "a valid list": "an array", "a valid dictionary": "an object"}
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
 
 
@@ -189,6 +192,7 @@ def _describe(kind: str, path: str, error: dict[str, Any], ctx: dict[str, Any]) 
         return "invalid_value", f"Invalid value for '{path}': {value!r}. Supported values are: {ctx['expected']}."
     if _is_type_mismatch(kind):
         expected = error["msg"].removeprefix("Input should be ").split(",")[0]
+        expected = _EXPECTED.get(expected, expected)
         got = _TYPE_NAMES.get(type(value), "a value of another type")
         return "invalid_type", f"Invalid type for '{path}': expected {expected}, but got {got} instead."
     return "invalid_value", f"Invalid value for '{path}': {error['msg']}."

@@ -1,7 +1,7 @@
 """The OpenAI request schema for /v1/completions and /v1/chat/completions, plus vLLM's extensions.
 
 Field names are OpenAI's. `null` means absent everywhere (clients send explicit nulls), and unknown
-keys are ignored. Ranges follow the OpenAI spec; a cross-field rule that fails raises a
+keys are ignored (`unknown_fields` names them for the log). JSON types are checked strictly. Ranges follow the OpenAI spec; a cross-field rule that fails raises a
 `PydanticCustomError` whose type is the OpenAI error code and whose context names the `param`.
 Fields the server knows but does not implement are accepted here and refused by
 `unsupported_fields`, the one place to relax when a feature lands.
@@ -24,6 +24,7 @@ MAX_CHAT_TOP_LOGPROBS = 20
 MAX_BEST_OF = 20
 
 TokenId = Annotated[int, Field(ge=0)]
+TokenIdKey = Annotated[int, Field(ge=0, strict=False)]  # a JSON object's keys are strings: "50256"
 # A float field's limits are floats and an int field's are ints: the error mapper reads the
 # limit's type to say "decimal" or "integer" the way OpenAI does.
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -32,7 +33,9 @@ Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class _OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # Strict: JSON types as OpenAI checks them ("stream": "yes", "n": "2" are 400s, not coerced);
+    # an integer still passes where a number is expected, as JSON has one number type.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -201,7 +204,7 @@ class _SamplingRequest(_OpenAIModel):
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: dict[TokenId, Bias] | None = None
+    logit_bias: dict[TokenIdKey, Bias] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     max_tokens: int | None = Field(default=None, ge=0)
@@ -383,6 +386,13 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> st
     if isinstance(request.tool_choice, NamedToolChoice) and request.tool_choice.type != "function":
         return f"tool_choice.{request.tool_choice.type}"
     return None
+
+
+def unknown_fields(model: type[BaseModel], data: dict[str, Any]) -> list[str]:
+    """The top-level keys of a request body that `model` does not know. Nested objects are not
+    checked: clients routinely replay extra keys there (a tool call's stream `index`)."""
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    return sorted(set(data) - known)
 
 
 # ---- tokenizer endpoints ---------------------------------------------------------------------------
