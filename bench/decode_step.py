@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
 from datetime import datetime, timezone
 
 import torch
+import torch.nn.functional as F
 
 from tailrace.engine.config import EMBEDDED_MODEL
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.cpu_linear import pack_linears, packable
+from tailrace.model.cpu_linear import PackedLinear, pack_linears, packable
 from tailrace.model.loader import load_model
 from tailrace.model.quant import QUANTIZATIONS
 
@@ -100,6 +102,44 @@ def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list
     return model.compute_logits(hidden[last])
 
 
+def prefill_time(model, config, tokens: int, repeats: int = 5) -> float:
+    """Best time of one sequence's prefill of `tokens` tokens plus its last row's logits (TTFT's compute)."""
+    block = 16
+    tables = [list(range(-(-tokens // block)))]
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, len(tables[0]),
+                            block, model.dtype, max_seqs=1, max_model_len=len(tables[0]) * block)
+            start = time.perf_counter()
+            forward_step(model, cache, tables, [list(range(3, 3 + tokens))], 0).argmax(dim=-1).tolist()
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """The prefill's FLOP bound: the same projections as bare matmuls (the faster of MKL's F.linear
+    and oneDNN over packed weights) for `tokens` rows, and the head for one row."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    shapes = [(q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter)]
+    total = 0.0
+    for (out_features, in_features), rows, count in [*((s, tokens, config.num_hidden_layers) for s in shapes),
+                                                     ((config.vocab_size, hidden), 1, 1)]:
+        weight, x = torch.randn(out_features, in_features, dtype=dtype), torch.randn(rows, in_features, dtype=dtype)
+        candidates = [lambda: F.linear(x, weight)]
+        if packable(dtype, torch.device("cpu")):
+            packed = PackedLinear(weight, None)
+            candidates.append(lambda: packed(x))
+        total += count * min(_best_of(fn, repeats) for fn in candidates)
+    return total
+
+
+def _best_of(fn, repeats: int) -> float:
+    fn()
+    return min(_timed(fn) for _ in range(repeats))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=EMBEDDED_MODEL, help="a model directory (config.json is enough)")
@@ -110,6 +150,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--context", type=int, default=192)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--prefill", type=int, default=128, help="prompt tokens of the prefill measured (0: none)")
     parser.add_argument("--out", default="bench/out/decode_step.json")
     args = parser.parse_args()
     bandwidth = read_bandwidth(args.threads)
@@ -128,10 +169,17 @@ def main() -> None:
     print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'/ floor':>8}")
     for row in rows:
         print(f"{row['batch']:>6} {row['step_ms']:>9.2f} {row['tok_per_s']:>8.1f} {row['vs_floor']:>8.2f}")
+    prefill = {}
+    if args.prefill:
+        seconds, bound = prefill_time(model, config, args.prefill), matmul_bound(config, args.prefill, model.dtype)
+        prefill = {"tokens": args.prefill, "seconds": seconds, "matmul_bound_s": bound, "vs_bound": seconds / bound}
+        print(f"prefill of {args.prefill} tokens: {seconds * 1e3:.1f} ms; the same matmuls bare: {bound * 1e3:.1f} ms "
+              f"({seconds / bound:.2f}x)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump({"date": datetime.now(timezone.utc).isoformat(), "args": vars(args), "load": os.getloadavg(),
-                   "weight_bytes": weight_bytes, "bandwidth": bandwidth, "floor_s": floor, "rows": rows}, f, indent=2)
+                   "weight_bytes": weight_bytes, "bandwidth": bandwidth, "floor_s": floor, "rows": rows,
+                   "prefill": prefill}, f, indent=2)
 
 
 if __name__ == "__main__":
