@@ -1,4 +1,5 @@
-"""`tailrace serve [MODEL]`: the OpenAI-compatible server; `tailrace bench ...`: benchmarks."""
+"""`tailrace serve [MODEL]`: the OpenAI-compatible server; `tailrace bench ...`: benchmarks;
+`tailrace check --base-url URL`: any OpenAI-compatible server's streaming bugs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import fields
 from tailrace.arg_types import (DTYPES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
                                 json_string_list, tensor_parallel_size, token_count)
 from tailrace.bench.cli import add_bench_parser, run_bench
+from tailrace.check.cli import add_check_parser, run_check
 from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
 from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
 from tailrace.model.loader import LOAD_FORMATS
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_flags(serve)
     add_chat_flags(serve)
     add_bench_parser(sub)
+    add_check_parser(sub)
     return parser
 
 
@@ -172,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(args))
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "check":
+        return run_check(args)
     return 2
 
 

@@ -1,0 +1,72 @@
+"""One run against one server: the model, the requests made so far (each made once, shared by
+every check that looks at it), and the facts learnt on the way (the probes, whether seed counts)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tailrace.check.client import Client, Exchange
+from tailrace.check.probe import Probe, find_probe
+from tailrace.check.expect import ok_json, ok_status
+from tailrace.check.results import ignore
+from tailrace.check.wire import PATHS
+
+SEED = 4242
+SEEDED_MAX_TOKENS = 16
+
+
+class Session:
+    def __init__(self, client: Client, model: str) -> None:
+        self.client = client
+        self.model = model
+        self._exchanges: dict[tuple[str, str, bool], Exchange] = {}
+        self._probes: dict[str, Probe] = {}
+        self._seed_honoured: dict[str, bool] = {}
+
+    def post(self, endpoint: str, body: dict[str, Any], with_key: bool = True) -> Exchange:
+        """The exchange for this exact request, made on first use."""
+        key = (endpoint, json.dumps(body, sort_keys=True), with_key)
+        if key not in self._exchanges:
+            self._exchanges[key] = self.client.post(PATHS[endpoint], body, with_key)
+        return self._exchanges[key]
+
+    def full(self, endpoint: str, body: dict[str, Any]) -> tuple[Exchange, dict[str, Any]]:
+        """A non-stream answer that has to succeed for the check to mean anything."""
+        exchange = self.post(endpoint, {**body, "stream": False})
+        return exchange, ok_json(exchange)
+
+    def stream(self, endpoint: str, body: dict[str, Any], include_usage: bool = True) -> Exchange:
+        streamed = {**body, "stream": True}
+        if include_usage:
+            streamed["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+        exchange = self.post(endpoint, streamed)
+        ok_status(exchange)
+        return exchange
+
+    def streams(self) -> list[tuple[str, Exchange]]:
+        """Every successful stream made so far, by endpoint."""
+        return [(endpoint, exchange) for (endpoint, _, _), exchange in self._exchanges.items()
+                if exchange.streamed and exchange.status == 200]
+
+    def probe(self, endpoint: str) -> Probe:
+        if endpoint not in self._probes:
+            self._probes[endpoint] = find_probe(self, endpoint)
+        return self._probes[endpoint]
+
+    def seeded(self, endpoint: str, **fields: Any) -> dict[str, Any]:
+        """A sampled request with a seed; IGNORED where the server does not honour seeds."""
+        probe = self.probe(endpoint)
+        body = {**probe.base, "temperature": 1.0, "seed": SEED, "max_tokens": SEEDED_MAX_TOKENS, **fields}
+        if endpoint not in self._seed_honoured:
+            self._seed_honoured[endpoint] = self._honours_seed(endpoint, body)
+        if not self._seed_honoured[endpoint]:
+            ignore("the server does not honour `seed` (two requests with one seed differ), so sampled "
+                   "streams cannot be compared", self.post(endpoint, body))
+        return body
+
+    def _honours_seed(self, endpoint: str, body: dict[str, Any]) -> bool:
+        first = ok_json(self.post(endpoint, body))
+        again = ok_json(self.client.post(PATHS[endpoint], body))
+        other = ok_json(self.post(endpoint, {**body, "seed": SEED + 1}))
+        return first.get("choices") == again.get("choices") and first.get("choices") != other.get("choices")
