@@ -88,7 +88,9 @@ class Tokenizer:
     def _compute_token_bytes(self, token_id: int) -> bytes:
         piece = self.hf.id_to_token(token_id)
         if piece is None:
-            raise ValueError(f"token id {token_id} is outside the vocabulary ({self.vocab_size} tokens)")
+            # A row of the model's embedding that the tokenizer has no piece for (vocab sizes
+            # padded to a multiple, or a dummy-weight shape): it writes no text.
+            return b""
         if self.byte_level:
             # The ByteLevel decoder's own rule: map every char back to its byte, and a piece with a
             # char outside the alphabet (an added token such as "<x y>") passes through as UTF-8.
