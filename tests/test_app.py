@@ -1,5 +1,6 @@
 """The HTTP face through FastAPI's TestClient, over a scripted fake engine."""
 
+import asyncio
 import logging
 import re
 
@@ -449,3 +450,20 @@ def test_unknown_fields_are_served_and_named_in_one_warning(client, caplog):
     assert response.status_code == 200
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].endswith("frobnicate, guided_zeta")
+
+
+# ---- the stats line ----
+
+def test_the_stats_logger_runs_with_the_server_unless_disabled(engine, monkeypatch):
+    started = []
+
+    def fake_log_stats(metrics, engine_stats):
+        started.append(engine_stats)
+        return asyncio.sleep(3600)
+
+    monkeypatch.setattr("tailrace.api.app.log_stats", fake_log_stats)
+    with TestClient(build_app(engine, ServerConfig(served_model_name=MODEL))):
+        pass
+    with TestClient(build_app(engine, ServerConfig(served_model_name=MODEL, log_stats=False))):
+        pass
+    assert started == [engine.stats]
