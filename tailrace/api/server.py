@@ -83,7 +83,7 @@ async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Cal
     The server listens while the model loads (/health answers 503 until it is ready).
     """
     try:
-        sock = _listen(config.host, config.port)
+        sock = _listen(config)
     except OSError as exc:  # before the model loads: one line, not uvicorn's exit from inside a task
         log.error("cannot listen on %s:%d: %s", config.host, config.port, os.strerror(exc.errno) if exc.errno else exc)
         return 1
@@ -112,9 +112,9 @@ async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Cal
     return await _stop(server, serving, engine, code=1)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)  # uvicorn's default backlog
+def _listen(config: uvicorn.Config) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    return socket.create_server((config.host, config.port), family=family, backlog=config.backlog)
 
 
 async def _stop(server: uvicorn.Server, serving: asyncio.Task, engine: EngineClient, code: int) -> int:
