@@ -23,6 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tailrace.api.openapi import json_body, openapi_document
+from tailrace.api.routes_extra import add_extra_routes, error_for_route, is_anthropic_route
 from tailrace.api.sse import aclose, sse_stream
 from tailrace.api.stats_log import log_stats
 from tailrace.engine.client import EngineClient, EngineDeadError
@@ -159,6 +160,7 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
                              include_in_schema=documented)
     router.add_api_route("/tokenize", tokenize, methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     router.add_api_route("/detokenize", detokenize, methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
+    add_extra_routes(router, engine, names, context, config.sampling_defaults)
     return router
 
 
@@ -257,13 +259,14 @@ async def _parse(request: Request, model: type[M]) -> M:
     return parsed
 
 
-async def _respond(request: Request, result: Awaitable[dict | AsyncIterator[dict]]) -> Response:
+async def _respond(request: Request, result: Awaitable[dict | AsyncIterator[dict]],
+                   framing: Callable[[AsyncIterator[dict]], AsyncIterator[bytes]] = sse_stream) -> Response:
     outcome = await _unless_disconnected(request, result)
     if outcome is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     if isinstance(outcome, dict):
         return _json(outcome)
-    return StreamingResponse(sse_stream(await _first_chunk_now(outcome)), media_type="text/event-stream",
+    return StreamingResponse(framing(await _first_chunk_now(outcome)), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 
@@ -318,6 +321,8 @@ def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
 
     async def require_key(request: Request) -> None:
         sent = request.headers.get("authorization", "").strip()
+        if not sent and is_anthropic_route(request.url.path):  # the Anthropic SDK sends its key as x-api-key
+            sent = f"Bearer {request.headers.get('x-api-key', '')}".strip()
         scheme, _, token = sent.partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else sent
         if not token or token.lower() == "bearer":
@@ -339,7 +344,7 @@ def _error_response(err: OpenAIError) -> Response:
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def on_openai_error(request: Request, err: OpenAIError) -> Response:
-        return _error_response(err)
+        return _error_response(error_for_route(request.url.path, err))
 
     async def on_validation_error(request: Request, err: RequestValidationError) -> Response:
         # Drop the "body"/"query"/"path" prefix: locations are then relative to the request body.

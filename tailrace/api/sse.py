@@ -52,3 +52,13 @@ async def aclose(iterator: AsyncIterator[Any]) -> None:
     close = getattr(iterator, "aclose", None)
     if close is not None:
         await close()
+
+
+async def named_sse_stream(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    """The framing of Anthropic's and OpenAI Responses' streams: `event: <type>` then its data,
+    and no DONE. The serving layer frames its own errors as events, so none arrive here."""
+    try:
+        async for event in events:
+            yield b"event: " + event["type"].encode() + b"\n" + encode_event(event)
+    finally:
+        await aclose(events)
