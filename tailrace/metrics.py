@@ -33,6 +33,9 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)
+# vLLM's 1-2-5 ladder for token counts stops at the context length; this one runs on to a million
+# tokens, so that it is fixed before the model (and its context length) is loaded.
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -70,6 +73,8 @@ class ServerMetrics:
         self.ttft = Histogram(_TTFT_BUCKETS)
         self.itl = Histogram(_ITL_BUCKETS)
         self.e2e = Histogram(_E2E_BUCKETS)
+        self.request_prompt_tokens = Histogram(_TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram(_TOKEN_BUCKETS)
         self._stats = EngineStats()
 
     def observe_ttft(self, seconds: float) -> None:
@@ -85,8 +90,11 @@ class ServerMetrics:
         self.prompt_tokens += prompt
         self.generation_tokens += generation
 
-    def count_finish(self, reason: str) -> None:
+    def count_finish(self, reason: str, prompt_tokens: int, generation_tokens: int) -> None:
+        """One choice finished (vLLM counts each of n sequences as a request)."""
         self.finished[reason] = self.finished.get(reason, 0) + 1
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generation_tokens)
 
     def render(self, stats: EngineStats) -> bytes:
         """The Prometheus text exposition, with the engine's numbers taken from `stats`."""
@@ -119,6 +127,10 @@ class ServerMetrics:
         for reason, count in self.finished.items():
             success.add_metric([*names.labels.values(), reason], count)
         yield success
+        yield names.histogram("request_prompt_tokens", "Number of prefill tokens processed.",
+                              self.request_prompt_tokens)
+        yield names.histogram("request_generation_tokens", "Number of generation tokens processed.",
+                              self.request_generation_tokens)
         yield names.histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               self.ttft)
         yield names.histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",

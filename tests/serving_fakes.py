@@ -162,6 +162,7 @@ class RecordingMetrics:
     e2e: list[float] = field(default_factory=list)
     tokens: list[tuple[int, int]] = field(default_factory=list)
     finishes: list[str] = field(default_factory=list)
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # (prompt, generated) of each finished choice
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.append(seconds)
@@ -175,8 +176,9 @@ class RecordingMetrics:
     def add_tokens(self, prompt: int, generation: int) -> None:
         self.tokens.append((prompt, generation))
 
-    def count_finish(self, reason: str) -> None:
+    def count_finish(self, reason: str, prompt_tokens: int, generation_tokens: int) -> None:
         self.finishes.append(reason)
+        self.sizes.append((prompt_tokens, generation_tokens))
 
 
 def context(request_id: str = "req-abc123", metrics=None) -> RequestContext:

@@ -323,3 +323,4 @@ def test_metrics_see_one_ttft_one_e2e_the_tokens_and_each_finish():
     assert len(metrics.itl) == 2 * len(ascii_ids) - 2  # every later delta of each choice
     assert [sum(column) for column in zip(*metrics.tokens)] == [len(TOKENIZER.encode(PROMPT)), 2 * len(ascii_ids)]
     assert metrics.finishes == ["length", "length"]
+    assert metrics.sizes == [(len(TOKENIZER.encode(PROMPT)), len(ascii_ids))] * 2

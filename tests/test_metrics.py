@@ -23,7 +23,7 @@ def test_token_counters_add_up():
 def test_finishes_are_counted_by_reason():
     metrics = ServerMetrics()
     for reason in ("stop", "stop", "length"):
-        metrics.count_finish(reason)
+        metrics.count_finish(reason, prompt_tokens=3, generation_tokens=4)
     got = samples(metrics)
     assert (got[("tailrace:request_success_total", "stop")],
             got[("tailrace:request_success_total", "length")]) == (2, 1)
@@ -86,7 +86,7 @@ def test_vllm_names_carry_model_name_and_engine_labels():
 def test_every_vllm_series_reads_the_same_as_its_tailrace_twin():
     metrics = ServerMetrics("tiny")
     metrics.add_tokens(prompt=4, generation=9)
-    metrics.count_finish("length")
+    metrics.count_finish("length", prompt_tokens=4, generation_tokens=9)
     metrics.observe_itl(0.02)
     text = metrics.render(EngineStats(num_waiting=3, kv_usage=0.25, prefix_cache_queries=8,
                                       prefix_cache_hits=5, num_preemptions=2)).decode()
@@ -103,6 +103,7 @@ def test_the_vllm_dashboard_series_are_all_there():
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
         "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+        "vllm:request_prompt_tokens_bucket", "vllm:request_generation_tokens_bucket",
         "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
         "vllm:e2e_request_latency_seconds_bucket"}
 
@@ -126,3 +127,11 @@ def test_a_value_on_a_bucket_bound_counts_in_that_bucket():
     buckets = {s.labels["le"]: s.value for family in families for s in family.samples
                if s.name == "vllm:time_to_first_token_seconds_bucket"}
     assert (buckets["0.08"], buckets["0.1"], buckets["+Inf"]) == (0, 1, 1)
+
+
+def test_each_finish_records_its_prompt_and_generation_sizes():
+    metrics = ServerMetrics()
+    metrics.count_finish("stop", prompt_tokens=30, generation_tokens=7)
+    got = vllm_samples(metrics.render(EngineStats()).decode())
+    assert (got[("vllm:request_prompt_tokens_sum", None)].value,
+            got[("vllm:request_generation_tokens_sum", None)].value) == (30, 7)

@@ -41,6 +41,7 @@ class ChoiceState:
     index: int
     prompt: Prompt
     offset: int = 0  # characters of this choice's returned text so far, echo included
+    generated: int = 0  # tokens generated so far
     introduced: bool = False
     last_token_at: float | None = None
     held: list[RequestOutput] = field(default_factory=list)  # waiting for a lower index to start
@@ -197,6 +198,7 @@ class Generation:
         """Usage as of what the client has been sent (continuous usage reads it per chunk)."""
         delta = step.delta
         self.usage.completion_tokens += len(delta.token_ids)
+        step.choice.generated += len(delta.token_ids)
         if step.first:
             p = step.choice.index // self._n
             self.usage.cached_per_prompt[p] = max(self.usage.cached_per_prompt[p], step.output.num_cached_tokens)
@@ -207,7 +209,7 @@ class Generation:
         prompt_tokens = len(step.choice.prompt.token_ids) if step.first and step.choice.index % self._n == 0 else 0
         self.metrics.add_tokens(prompt_tokens, len(delta.token_ids))
         if delta.finish_reason is not None:
-            self.metrics.count_finish(delta.finish_reason)
+            self.metrics.count_finish(delta.finish_reason, len(step.choice.prompt.token_ids), step.choice.generated)
 
     def _observe(self, choice: ChoiceState, output: RequestOutput) -> None:
         if self.metrics is None or not output.outputs[0].token_ids:

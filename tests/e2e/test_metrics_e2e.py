@@ -35,7 +35,7 @@ def test_vllm_counters_and_gauges_move_under_load(http: httpx.Client):
         ("vllm:prompt_tokens_total", None), ("vllm:generation_tokens_total", None),
         ("vllm:request_success_total", "length"), ("vllm:prefix_cache_queries_total", None),
         ("vllm:time_to_first_token_seconds_count", None), ("vllm:inter_token_latency_seconds_count", None),
-        ("vllm:e2e_request_latency_seconds_count", None)]}
-    assert grew["vllm:generation_tokens_total"] == 4 * LONG["max_tokens"]
+        ("vllm:e2e_request_latency_seconds_count", None), ("vllm:request_generation_tokens_sum", None)]}
+    assert grew["vllm:generation_tokens_total"] == grew["vllm:request_generation_tokens_sum"] == 4 * LONG["max_tokens"]
     assert grew["vllm:request_success_total"] == 4 and grew["vllm:e2e_request_latency_seconds_count"] == 4
     assert all(value > 0 for value in grew.values()), grew
