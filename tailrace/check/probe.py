@@ -52,11 +52,12 @@ def echo_request(endpoint: str, base: dict[str, Any]) -> tuple[dict[str, Any], s
     return {**base, "messages": messages, "echo": True}, ECHOED
 
 
-def spanning_stop(text: str, tokens: list[str] | None) -> tuple[str, int] | None:
+def spanning_stop(text: str, tokens: list[bytes] | None) -> tuple[str, int] | None:
     """A short stop string across a token boundary near the middle of `text` (any character boundary
-    when the server gave no tokens), found first where it is cut, with text before it."""
-    if tokens and "".join(tokens) == text:
-        boundaries = [sum(map(len, tokens[:i])) for i in range(1, len(tokens))]
+    when the server's tokens do not spell its text), found first where it is cut, with text before it."""
+    if tokens and b"".join(tokens) == text.encode():
+        spans = [b"".join(tokens[:i]) for i in range(1, len(tokens))]
+        boundaries = [len(span.decode()) for span in spans if _whole_characters(span)]
     else:
         boundaries = list(range(1, len(text)))
     for boundary in sorted(boundaries, key=lambda b: abs(b - len(text) // 2)):
@@ -66,6 +67,14 @@ def spanning_stop(text: str, tokens: list[str] | None) -> tuple[str, int] | None
             if start >= 1 and len(stop) == before + after and stop.strip() == stop and text.find(stop) == start:
                 return stop, start
     return None
+
+
+def _whole_characters(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def find_probe(session: Session, endpoint: str) -> Probe:
@@ -78,7 +87,7 @@ def find_probe(session: Session, endpoint: str) -> Probe:
         choice = read_full(endpoint, ok_json(exchange)).get(0)
         if choice is None:
             continue
-        tokens = None if choice.tokens is None else [token.text or "" for token in choice.tokens]
+        tokens = None if choice.tokens is None else [token.raw or b"" for token in choice.tokens]
         found = spanning_stop(choice.text, tokens)
         if found is not None:
             echo_body, echoed = echo_request(endpoint, base)
