@@ -14,6 +14,9 @@ from tailrace.serving.anthropic_messages import AnthropicError, count_tokens, cr
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import OpenAIError
 from tailrace.serving.protocol_anthropic import CountTokensRequest, MessagesRequest
+from tailrace.serving.protocol_responses import ResponsesRequest
+from tailrace.serving.responses import create_response
+from tailrace.serving.responses_store import ResponseStore, StoreLimits
 
 _ANTHROPIC_PATHS = frozenset(f"{prefix}/messages{tail}" for prefix in ("/v1", "") for tail in ("", "/count_tokens"))
 
@@ -29,9 +32,13 @@ def error_for_route(path: str, err: OpenAIError) -> OpenAIError:
 
 
 def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...],
-                     context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float]) -> None:
-    """POST /v1/messages and /v1/messages/count_tokens (and the same without /v1)."""
+                     context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float],
+                     store_limits: StoreLimits | None = None) -> None:
+    """POST /v1/messages and /v1/messages/count_tokens; POST /v1/responses, GET and DELETE
+    /v1/responses/{id}, POST /v1/responses/{id}/cancel (each also without /v1)."""
     from tailrace.api import app as http  # the caller: loaded by the time it calls this
+
+    store = ResponseStore(store_limits)
 
     async def messages(request: Request) -> Response:
         body = await http._parse(request, MessagesRequest)
@@ -46,8 +53,32 @@ def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, 
         http._check_ready(request, engine)
         return http._json(count_tokens(engine, body, context(request)))
 
-    # Left out of /openapi.json: its error shape is OpenAI's, and these routes answer in Anthropic's.
+    async def responses(request: Request) -> Response:
+        body = await http._parse(request, ResponsesRequest)
+        http._check_model(names, body.model)
+        http._check_ready(request, engine)
+        return await http._respond(request, create_response(engine, body, context(request), store,
+                                                            sampling_defaults), named_sse_stream)
+
+    async def get_response(response_id: str) -> Response:
+        return http._json(store.get(response_id).response)
+
+    async def delete_response(response_id: str) -> Response:
+        store.delete(response_id)
+        return http._json({"id": response_id, "object": "response", "deleted": True})
+
+    async def cancel_response(response_id: str) -> Response:
+        return http._json(store.cancel(response_id))
+
+    # Left out of /openapi.json, whose body schemas are the chat and completions ones.
     for prefix in ("/v1", ""):
         router.add_api_route(f"{prefix}/messages", messages, methods=["POST"], include_in_schema=False)
         router.add_api_route(f"{prefix}/messages/count_tokens", messages_count_tokens, methods=["POST"],
+                             include_in_schema=False)
+        router.add_api_route(f"{prefix}/responses", responses, methods=["POST"], include_in_schema=False)
+        router.add_api_route(f"{prefix}/responses/{{response_id}}", get_response, methods=["GET"],
+                             include_in_schema=False)
+        router.add_api_route(f"{prefix}/responses/{{response_id}}", delete_response, methods=["DELETE"],
+                             include_in_schema=False)
+        router.add_api_route(f"{prefix}/responses/{{response_id}}/cancel", cancel_response, methods=["POST"],
                              include_in_schema=False)
