@@ -14,7 +14,7 @@ from tailrace.check.session import Session
 from tailrace.check.wire import read_full, read_stream
 
 GROUP = "stop"
-LATER_STOP = "\u2063\u2063"  # invisible separators: a second stop that never occurs
+NEVER_STOP = "<tailrace-check: no such text>"
 
 
 def leaked(streamed: str, expected: str, stop: str) -> str | None:
@@ -55,10 +55,21 @@ def _across_tokens(endpoint: str):
     return run
 
 
+def later_stop(text: str, after: int) -> str:
+    """A piece of `text` first found past `after`, or one never found: a second stop string that
+    must lose to the first, listed ahead of it so a server that reads only stop[0] shows."""
+    for start in range(after, len(text) - 3):
+        piece = text[start:start + 3]
+        if piece.strip() == piece and text.find(piece) == start:
+            return piece
+    return NEVER_STOP
+
+
 def _multiple(endpoint: str):
     def run(session: Session) -> None:
         probe = session.probe(endpoint)
-        _cut(session, endpoint, _stop_body(probe, [LATER_STOP, probe.stop]), probe.text[:probe.stop_at])
+        stops = [later_stop(probe.text, probe.stop_at + len(probe.stop)), probe.stop]
+        _cut(session, endpoint, _stop_body(probe, stops), probe.text[:probe.stop_at])
     return run
 
 
