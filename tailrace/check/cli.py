@@ -6,6 +6,8 @@ import argparse
 import logging
 import os
 
+from tailrace.check.results import GROUPS
+
 
 def group_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
@@ -18,8 +20,7 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                        help="bearer key (default: $OPENAI_API_KEY); with one, a request without it must get 401")
     check.add_argument("--only", type=group_list, default=None, metavar="GROUPS",
-                       help="run only these comma-separated groups: framing, equivalence, offsets, stop, utf8, "
-                            "usage, n, errors")
+                       help=f"run only these comma-separated groups: {', '.join(GROUPS)}")
     check.add_argument("--skip", type=group_list, default=None, metavar="GROUPS", help="leave these groups out")
     check.add_argument("--json", default=None, metavar="OUT", help="write the verdicts to this JSON file")
     check.add_argument("--junit", default=None, metavar="OUT", help="write the verdicts as JUnit XML for CI")
