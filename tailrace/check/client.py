@@ -4,6 +4,7 @@ arrived), its SSE events decoded leniently, and the curl command line that repea
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 from tailrace.bench.sse import decode_lines
 
 DONE = "[DONE]"
+LINE_END = re.compile(r"\r\n|\r|\n")
 KEY_VARIABLE = "OPENAI_API_KEY"  # reproducers name the key, so reports never hold it
 
 
@@ -43,7 +45,8 @@ class Exchange:
 
     def events(self) -> list[str]:
         """Every event's data, lenient about framing (the framing checks are strict on their own)."""
-        return decode_lines(self.raw.decode("utf-8", errors="replace").splitlines())
+        # SSE's line endings only: str.splitlines would also cut at U+2028 inside a JSON string
+        return decode_lines(LINE_END.split(self.raw.decode("utf-8", errors="replace")))
 
     def chunks(self) -> list[dict[str, Any]]:
         """The JSON objects before [DONE]; events that are not JSON objects are left out."""

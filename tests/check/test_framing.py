@@ -54,3 +54,4 @@ def test_a_read_that_ends_inside_an_event_is_a_split():
 def test_reads_that_end_between_events_are_whole():
     cut = GOOD.index(b"\n\n") + 2
     assert split_read([GOOD[:cut], GOOD[cut:]]) is None
+
