@@ -207,6 +207,19 @@ def test_prefilling_slots_between_decoding_slots_are_not_disturbed():
     torch.testing.assert_close(out, torch.cat(expected))
 
 
+def test_slab_holds_the_slots_in_use_not_max_seqs_and_keeps_their_tokens():
+    cache = make_cache(max_seqs=8)
+    tables = sequential_tables([5, 5, 5])
+    data = [qkv(5, seed=60 + i) for i in range(3)]
+    run_step(cache, make_batch([(0, 0, 4, tables[0])]), *(t[:4] for t in data[0]))
+    assert cache.slab_k.shape[1] == 1
+    # Two more sequences arrive while the first decodes: the slab grows to 4 slots, not 8.
+    parts = [(0, 4, 1, tables[0]), (1, 0, 5, tables[1]), (2, 0, 5, tables[2])]
+    out = run_step(cache, make_batch(parts), *rows_of(data, [(4, 5), (0, 5), (0, 5)]))[1]
+    assert cache.slab_k.shape[1] == 4
+    torch.testing.assert_close(out, torch.cat([reference(*data[0])[4:], reference(*data[1]), reference(*data[2])]))
+
+
 def test_more_running_sequences_than_max_seqs_raises():
     cache = make_cache(max_seqs=2)
     with pytest.raises(RuntimeError, match="max_seqs"):
