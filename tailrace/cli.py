@@ -21,6 +21,7 @@ from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
 from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
+from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
 
 log = logging.getLogger("tailrace")
@@ -98,6 +99,12 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=name, type=kind, default=defaults[name], help=help_text + shown)
     parser.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                         help="largest request body; more answers 413 (default: 4 MiB)")
+    store = StoreLimits()
+    parser.add_argument("--responses-store-max-count", type=int, default=store.max_count,
+                        help="stored Responses API responses kept, least recently used evicted first "
+                             f"(default: {store.max_count})")
+    parser.add_argument("--responses-store-max-bytes", type=int, default=store.max_bytes,
+                        help="their total size in bytes (default: 256 MiB)")
     parser.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds running requests may take to finish (default: 30)")
 
@@ -221,7 +228,9 @@ async def serve(args: argparse.Namespace) -> int:
                                          cors_origins=args.cors_origin + args.allowed_origins, limits=limits,
                                          chat=chat_options_from(args), other_model_names=other_names,
                                          sampling_defaults=sampling_defaults,
-                                         log_stats=not args.disable_log_stats))
+                                         log_stats=not args.disable_log_stats,
+                                         responses_store=StoreLimits(args.responses_store_max_count,
+                                                                     args.responses_store_max_bytes)))
 
     def log_ready() -> None:
         info = engine.info

@@ -145,3 +145,11 @@ def test_errors_take_anthropics_shape_and_keep_their_status():
     err = AnthropicError.of(rate_limited())
     assert err.status == 429
     assert err.body() == {"type": "error", "error": {"type": "rate_limit_error", "message": err.message}}
+
+
+def test_an_engine_failure_mid_stream_is_an_error_event():
+    fake = engine("Sunny, 21 degrees.")
+    fake.fail_after = 3
+    events = message(fake, stream=True)
+    assert events[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": events[-1]["error"][
+        "message"]}}

@@ -175,3 +175,11 @@ def test_a_built_in_tool_is_refused_by_name():
     request = ResponsesRequest.model_validate({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]})
     with pytest.raises(OpenAIError, match=r"tools\[0\]\.web_search"):
         request.chat_request(request.input_items())
+
+
+def test_an_engine_failure_mid_stream_ends_in_response_failed():
+    fake = engine("Sunny, 21 degrees.")
+    fake.fail_after = 3
+    events = respond(fake, stream=True)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"]

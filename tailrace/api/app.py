@@ -34,6 +34,7 @@ from tailrace.serving.choices import check_token_ids
 from tailrace.serving.completions import create_completion
 from tailrace.serving.context import ChatOptions, RequestContext
 from tailrace.serving.limits import Admission, Limits
+from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
                                      invalid_api_key, invalid_json, invalid_request, missing_api_key,
                                      model_not_found, payload_too_large)
@@ -61,6 +62,7 @@ class ServerConfig:
     other_model_names: list[str] = field(default_factory=list)
     sampling_defaults: dict[str, float] = field(default_factory=dict)  # the model's generation_config.json
     log_stats: bool = True  # the periodic stats line (--disable-log-stats turns it off)
+    responses_store: StoreLimits = field(default_factory=StoreLimits)  # caps of stored Responses API responses
 
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
@@ -160,7 +162,7 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
                              include_in_schema=documented)
     router.add_api_route("/tokenize", tokenize, methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     router.add_api_route("/detokenize", detokenize, methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
-    add_extra_routes(router, engine, names, context, config.sampling_defaults)
+    add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
     return router
 
 

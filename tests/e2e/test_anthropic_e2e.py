@@ -118,3 +118,14 @@ def test_a_wrong_key_is_an_authentication_error(server_url):
     client = anthropic.Anthropic(base_url=server_url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         client.messages.create(model=MODEL, messages=USER, max_tokens=8)
+
+
+def test_the_wire_is_named_events_without_done(server_url):
+    with httpx.stream("POST", f"{server_url}/v1/messages", headers={"x-api-key": API_KEY},
+                      json={"model": MODEL, "messages": USER, "max_tokens": 8, "stream": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        frames = [f for f in response.read().decode().split("\n\n") if f]
+    for frame in frames:
+        name, data = frame.split("\n")
+        assert name == f"event: {json.loads(data.removeprefix('data: '))['type']}"
+    assert frames[-1].startswith("event: message_stop")

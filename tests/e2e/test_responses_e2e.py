@@ -156,3 +156,14 @@ def test_wrong_types_are_a_bad_request(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="hi", max_output_tokens="many")
     assert caught.value.body["param"] == "max_output_tokens"
+
+
+def test_the_wire_is_named_events_without_done(http):
+    with http.stream("POST", "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 8,
+                                                    "stream": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        frames = [f for f in response.read().decode().split("\n\n") if f]
+    for frame in frames:
+        name, data = frame.split("\n")
+        assert name == f"event: {json.loads(data.removeprefix('data: '))['type']}"
+    assert "[DONE]" not in frames[-1]
