@@ -8,7 +8,7 @@ from typing import Any
 from tailrace.check.compare import offset_problem, spells_answer
 from tailrace.check.equivalence import assert_stream_equals_full
 from tailrace.check.probe import logprobs_fields
-from tailrace.check.results import IGNORED, Check, Verdict, fail
+from tailrace.check.results import IGNORED, Check, Verdict, fail, skip
 from tailrace.check.session import SEEDED_MAX_TOKENS, Session
 from tailrace.check.wire import read_stream
 
@@ -46,6 +46,8 @@ def _independent(endpoint: str):
     def run(session: Session) -> None:
         stream = session.stream(endpoint, sampled(session, endpoint))
         choices = [choice for _, choice in sorted(read_stream(endpoint, stream.chunks()).items())]
+        if len(choices) < N:
+            skip(f"the stream has {len(choices)} choice(s), not n={N}: nothing to compare")
         texts = [choice.text for choice in choices]
         if len(set(texts)) < len(texts):
             fail(f"sampled choices have the same text: {texts[0][:60]!r}", stream)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 
 from tailrace.check.client import Exchange
-from tailrace.check.results import Check, Verdict, fail, skip
+from tailrace.check.results import Check, fail, skip
 from tailrace.check.session import Session
 
 GROUP = "framing"
@@ -72,22 +72,12 @@ def split_read(reads: list[bytes]) -> str | None:
     return None
 
 
-def _base_streams(session: Session) -> list[tuple[str, Exchange]]:
-    """The plain greedy stream of each endpoint served, then every stream the run has made."""
-    for endpoint in ("completions", "chat"):
-        try:
-            session.stream(endpoint, session.probe(endpoint).base)
-        except Verdict:
-            pass  # an endpoint not served, or failing: the other groups say so
-    streams = session.streams()
-    if not streams:
-        skip("no stream could be made")
-    return streams
-
-
 def _every_stream(problem: Callable[[Exchange], str | None]):
     def run(session: Session) -> None:
-        for _, exchange in _base_streams(session):
+        streams = session.every_stream()
+        if not streams:
+            skip("no stream could be made")
+        for exchange in streams:
             reason = problem(exchange)
             if reason is not None:
                 fail(reason, exchange)

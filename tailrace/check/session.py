@@ -9,7 +9,7 @@ from typing import Any
 from tailrace.check.client import Client, Exchange
 from tailrace.check.probe import Probe, find_probe
 from tailrace.check.expect import ok_json, ok_status
-from tailrace.check.results import ignore
+from tailrace.check.results import Verdict, ignore
 from tailrace.check.wire import PATHS, read_full
 
 SEED = 4242
@@ -49,6 +49,17 @@ class Session:
         return [(endpoint, exchange) for (endpoint, _, _), exchange in self._exchanges.items()
                 if exchange.streamed and exchange.status == 200]
 
+    def every_stream(self, include_usage: bool = True) -> list[Exchange]:
+        """Every stream made so far, after the greedy one of each endpoint served (made now if need
+        be): a failure then reproduces with the plainest request."""
+        base = []
+        for endpoint in ("completions", "chat"):
+            try:
+                base.append(self.stream(endpoint, self.probe(endpoint).base, include_usage))
+            except Verdict:
+                pass  # an endpoint not served, or failing: the other groups say so
+        return base + [exchange for _, exchange in self.streams() if not any(exchange is b for b in base)]
+
     def probe(self, endpoint: str) -> Probe:
         if endpoint not in self._probes:
             self._probes[endpoint] = find_probe(self, endpoint)
@@ -73,3 +84,4 @@ class Session:
         first = texts(self.post(endpoint, body))
         return first == texts(self.client.post(PATHS[endpoint], body)) and \
             first != texts(self.post(endpoint, {**body, "seed": SEED + 1}))
+
