@@ -84,3 +84,12 @@ def _has(store: ResponseStore, response_id: str) -> bool:
     except OpenAIError:
         return False
     return True
+
+
+def test_a_deleted_background_response_stays_deleted_when_it_finishes():
+    store = ResponseStore()
+    running = entry("resp_a")
+    store.put(running)
+    store.delete("resp_a")
+    store.remeasure(running)
+    assert not _has(store, "resp_a")

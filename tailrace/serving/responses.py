@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -14,9 +15,11 @@ from typing import Any
 from tailrace.engine.client import EngineClient
 from tailrace.serving.chat_deltas import Delta, Usage, chat_deltas, drain, framed
 from tailrace.serving.context import RequestContext
-from tailrace.serving.errors import OpenAIError, invalid_request
+from tailrace.serving.errors import OpenAIError, internal, invalid_request
 from tailrace.serving.protocol_responses import Item, ResponsesRequest
 from tailrace.serving.responses_store import ResponseStore, StoredResponse
+
+logger = logging.getLogger(__name__)
 
 
 async def create_response(engine: EngineClient, request: ResponsesRequest, ctx: RequestContext,
@@ -87,7 +90,10 @@ async def _run_in_background(events: AsyncIterator[dict[str, Any]], framer: Resp
         framer.response["status"] = "cancelled"
     except OpenAIError as err:
         framer.fail(err)
-    store.put(entry)  # its size, now that it is whole
+    except Exception:
+        logger.exception("background response %s failed", entry.response["id"])
+        framer.fail(internal())
+    store.remeasure(entry)
 
 
 class ResponseFramer:

@@ -41,6 +41,8 @@ class ResponseStore:
         self.limits = limits or StoreLimits()
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._bytes = 0
+        # asyncio keeps only weak references to tasks: a background run must outlive its entry's eviction.
+        self._running: set[asyncio.Task] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,11 +52,20 @@ class ResponseStore:
         One larger than the byte cap alone is not kept."""
         response_id = entry.response["id"]
         self._drop(response_id)
+        if entry.task is not None and not entry.task.done():
+            self._running.add(entry.task)
+            entry.task.add_done_callback(self._running.discard)
         entry.size = len(orjson.dumps(entry.response)) + len(orjson.dumps(entry.conversation))
         self._entries[response_id] = entry
         self._bytes += entry.size
         while self._entries and (len(self._entries) > self.limits.max_count or self._bytes > self.limits.max_bytes):
             self._drop(next(iter(self._entries)))
+
+    def remeasure(self, entry: StoredResponse) -> None:
+        """Count a finished background response at its final size, if it is still stored (a
+        deleted or evicted one stays gone)."""
+        if self._entries.get(entry.response["id"]) is entry:
+            self.put(entry)
 
     def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         entry = self._entries.get(response_id)
