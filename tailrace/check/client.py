@@ -78,6 +78,14 @@ class Client:
         return {"Authorization": f"Bearer {self.api_key}"} if with_key and self.api_key else {}
 
     def post(self, path: str, body: dict[str, Any], with_key: bool = True) -> Exchange:
+        exchange = self._post_once(path, body, with_key)
+        if exchange.transport_error and not exchange.status:
+            # A kept-alive connection the server closed (after a 500, say) fails the next request
+            # before it is sent; a fresh connection tells that apart from a server that is down.
+            exchange = self._post_once(path, body, with_key)
+        return exchange
+
+    def _post_once(self, path: str, body: dict[str, Any], with_key: bool) -> Exchange:
         exchange = Exchange(path, body, with_key=with_key)
         # identity: the framing checks read the bytes as sent, which compression would hide
         headers = {"Accept-Encoding": "identity", **self.headers(with_key)}

@@ -29,6 +29,8 @@ def error_shape_problem(body: Any) -> str | None:
 
 
 def expect_error(exchange: Exchange, status: int) -> None:
+    if exchange.transport_error:
+        fail(f"no answer: {exchange.transport_error}", exchange)
     if exchange.status != status:
         fail(f"answered {exchange.status}, not {status}: {exchange.raw[:200].decode(errors='replace')}", exchange)
     reason = error_shape_problem(exchange.json())
