@@ -55,6 +55,8 @@ def echo_request(endpoint: str, base: dict[str, Any]) -> tuple[dict[str, Any], s
 def spanning_stop(text: str, tokens: list[bytes] | None) -> tuple[str, int] | None:
     """A short stop string across a token boundary near the middle of `text` (any character boundary
     when the server's tokens do not spell its text), found first where it is cut, with text before it."""
+    if tokens and b"".join(tokens) != text.encode():
+        tokens = tokens[:-1]  # a last end-of-sequence token adds no text
     if tokens and b"".join(tokens) == text.encode():
         spans = [b"".join(tokens[:i]) for i in range(1, len(tokens))]
         boundaries = [len(span.decode()) for span in spans if _whole_characters(span)]

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from tailrace.check.client import Client, Exchange
-from tailrace.check.probe import Probe, find_probe
 from tailrace.check.expect import ok_json, ok_status
+from tailrace.check.probe import Probe, find_probe
 from tailrace.check.results import Verdict, ignore
 from tailrace.check.wire import PATHS, read_full
 

@@ -31,3 +31,9 @@ def test_tokens_that_split_a_character_still_give_a_spanning_stop():
 
 def test_text_too_short_gives_no_stop():
     assert spanning_stop("a", [b"a"]) is None
+
+
+def test_an_end_of_sequence_token_after_the_text_still_gives_token_boundaries():
+    tokens = [b" one", b" two", b" three", b"<|im_end|>"]
+    stop, at = spanning_stop(" one two three", tokens)
+    assert crosses(at, stop, tokens)
