@@ -11,7 +11,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from serving_fakes import FakeEngine, Script, drain
 from tailrace.serving.anthropic_messages import AnthropicError, count_tokens, create_message
 from tailrace.serving.context import ChatOptions, RequestContext
-from tailrace.serving.errors import OpenAIError, rate_limited
+from tailrace.serving.errors import OpenAIError, engine_unavailable, rate_limited
 from tailrace.serving.protocol_anthropic import MessagesRequest
 from tailrace.tokenizer import load_tokenizer
 from tokenizer_fixtures import EMBEDDED, needs_embedded
@@ -145,6 +145,11 @@ def test_errors_take_anthropics_shape_and_keep_their_status():
     err = AnthropicError.of(rate_limited())
     assert err.status == 429
     assert err.body() == {"type": "error", "error": {"type": "rate_limit_error", "message": err.message}}
+
+
+def test_an_unavailable_engine_is_anthropics_529_overloaded():
+    err = AnthropicError.of(engine_unavailable())
+    assert (err.status, err.body()["error"]["type"]) == (529, "overloaded_error")
 
 
 def test_an_engine_failure_mid_stream_is_an_error_event():

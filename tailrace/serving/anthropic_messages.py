@@ -18,12 +18,15 @@ from tailrace.serving.protocol_anthropic import CountTokensRequest, MessagesRequ
 # Anthropic's error type for each status it uses; other statuses take the nearest class's.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error", 529: "overloaded_error"}
+                500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+# Where Anthropic answers the same condition with another status: overloaded, timed out.
+_STATUSES = {503: 529, 408: 504}
 
 
 def error_body(err: OpenAIError) -> dict[str, Any]:
     """`{"type": "error", "error": {"type", "message"}}`, the shape the Anthropic SDK reads."""
-    kind = _ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    status = _STATUSES.get(err.status, err.status)
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
@@ -32,7 +35,7 @@ class AnthropicError(OpenAIError):
 
     @classmethod
     def of(cls, err: OpenAIError) -> AnthropicError:
-        converted = cls(err.status, err.message, err.type, err.param, err.code)
+        converted = cls(_STATUSES.get(err.status, err.status), err.message, err.type, err.param, err.code)
         converted.headers = err.headers
         return converted
 
@@ -149,7 +152,8 @@ class MessageFramer:
         reason, sequence = stop_reason(delta)
         self.message.update(stop_reason=reason, stop_sequence=sequence)
         self.message["usage"]["output_tokens"] = self._usage.output_tokens
-        events.append({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence, "stop_details": None},
+        events.append({"type": "message_delta",
+                       "delta": {"stop_reason": reason, "stop_sequence": sequence, "stop_details": None},
                        "usage": dict(self.message["usage"])})
         events.append({"type": "message_stop"})
         return events

@@ -60,9 +60,11 @@ class Usage:
 class ChatDeltas:
     """The deltas of one chat answer (choice 0 of an n=1 request) and its usage so far."""
 
-    def __init__(self, chunks: AsyncIterator[dict[str, Any]], reasoning_field: str) -> None:
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]], reasoning_field: str,
+                 request: ChatCompletionRequest) -> None:
         self._chunks = chunks
         self._reasoning_field = reasoning_field
+        self.request = request  # as it runs: the model's sampling defaults filled in
         self.usage = Usage()
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -103,7 +105,7 @@ async def chat_deltas(engine: EngineClient, request: ChatCompletionRequest, ctx:
         "stream": True, "stream_options": StreamOptions(include_usage=True, continuous_usage_stats=True)})
     chunks = await create_chat_completion(engine, request, ctx)
     assert not isinstance(chunks, dict)  # a stream was asked for
-    return ChatDeltas(chunks, ctx.chat.reasoning_field)
+    return ChatDeltas(chunks, ctx.chat.reasoning_field, request)
 
 
 class Framer(Protocol):

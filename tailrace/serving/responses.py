@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from pydantic import BaseModel
+
 from tailrace.engine.client import EngineClient
 from tailrace.serving.chat_deltas import Delta, Usage, chat_deltas, drain, framed
 from tailrace.serving.context import RequestContext
@@ -35,7 +37,7 @@ async def create_response(engine: EngineClient, request: ResponsesRequest, ctx: 
     conversation = history + [item.model_dump(exclude_none=True) for item in request.input_items()]
     chat = request.chat_request([Item.model_validate(item) for item in conversation])
     run = await chat_deltas(engine, chat, ctx, sampling_defaults)
-    framer = ResponseFramer(response_object(request, ctx, chat.temperature, chat.top_p), run.usage)
+    framer = ResponseFramer(response_object(request, ctx, run.request.temperature, run.request.top_p), run.usage)
     events = framed(run, framer, request.stream)
     if request.background:
         entry = StoredResponse(framer.response, conversation)
@@ -62,15 +64,17 @@ def response_object(request: ResponsesRequest, ctx: RequestContext, temperature:
         "model": ctx.model_name, "output": [], "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id, "reasoning": {"effort": None, "summary": None},
         "store": request.store, "temperature": temperature,
-        "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format else
-                 {"type": "text"}},
-        "tool_choice": (request.tool_choice.model_dump(exclude_none=True)
-                        if request.tool_choice is not None and not isinstance(request.tool_choice, str)
-                        else request.tool_choice or "auto"),
-        "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
+        "text": {"format": _echoed(text_format) or {"type": "text"}},
+        "tool_choice": _echoed(request.tool_choice) or "auto",
+        "tools": [_echoed(tool) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs, "top_p": top_p, "truncation": "disabled", "usage": None,
         "user": request.user, "metadata": request.metadata or {},
     }
+
+
+def _echoed(value: Any) -> Any:
+    """A request field as the response repeats it."""
+    return value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
 
 
 async def _stored(events: AsyncIterator[dict[str, Any]], store: ResponseStore,
