@@ -15,6 +15,8 @@ from typing import Any
 import openai
 import pytest
 
+from responses_events import reassembled
+
 from .conftest import API_KEY, MODEL
 
 SEED = {"extra_body": {"seed": 1234}}
@@ -52,8 +54,9 @@ LOGPROB_TOLERANCE = 1e-4  # a prompt found in the prefix cache is computed in ot
 
 def comparable(response: Any) -> dict[str, Any]:
     """Ids and times are fresh per request, and the second of two requests finds the prompt in
-    the prefix cache; everything else must match, logprobs within LOGPROB_TOLERANCE."""
-    data = response.model_dump(exclude_none=True)
+    the prefix cache; everything else must match, logprobs within LOGPROB_TOLERANCE. An SDK
+    object or the raw JSON."""
+    data = response if isinstance(response, dict) else response.model_dump(exclude_none=True)
     for key in ("id", "created_at", "completed_at"):
         data.pop(key, None)
     for item in data["output"]:
@@ -76,6 +79,17 @@ def test_stream_final_response_is_the_created_response(client, case):
         final = stream.get_final_response()
     assert comparable(final) == comparable(whole)
     assert deltas == whole.output_text
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_raw_stream_follows_the_event_rules_and_reassembles_into_the_response(http, case):
+    body = {"model": MODEL, "input": "Tell me about the weather.", "temperature": 1.0, **SEED["extra_body"],
+            **CASES[case]}
+    whole = http.post("/v1/responses", json=body).json()
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as response:
+        frames = [f for f in response.read().decode().split("\n\n") if f]
+    events = [json.loads(frame.split("\n")[1].removeprefix("data: ")) for frame in frames]
+    assert comparable(reassembled(events)) == comparable(whole)
 
 
 def test_a_cut_short_stream_ends_incomplete_like_the_created_response(client):
