@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailrace.check.client import Exchange
 from tailrace.check.compare import offset_problem, spells_answer
 from tailrace.check.equivalence import assert_stream_equals_full
 from tailrace.check.probe import logprobs_fields
 from tailrace.check.results import IGNORED, Check, Verdict, fail, skip
-from tailrace.check.session import SEEDED_MAX_TOKENS, Session
-from tailrace.check.wire import read_stream
+from tailrace.check.session import SEED, SEEDED_MAX_TOKENS, Session
+from tailrace.check.wire import read_full, read_stream
 
 GROUP = "n"
 N = 2
+ALIKE_DRAWS = 3
 
 
 def sampled(session: Session, endpoint: str) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def _independent(endpoint: str):
             skip(f"the stream has {len(choices)} choice(s), not n={N}: nothing to compare")
         texts = [choice.text for choice in choices]
         if len(set(texts)) < len(texts):
-            fail(f"sampled choices have the same text: {texts[0][:60]!r}", stream)
+            _alike(session, endpoint, stream, texts[0])
         first = choices[0].tokens or []
         if not spells_answer(first, texts[0]):
             return  # token strings that do not spell the text: nothing more to compare
@@ -62,6 +64,19 @@ def _independent(endpoint: str):
             if reason is not None:
                 fail(f"choice {index}: {reason}", stream)
     return run
+
+
+def _alike(session: Session, endpoint: str, stream: Exchange, text: str) -> None:
+    """Siblings that say the same: shared state, unless the model says it whatever the draw (a
+    sure answer), which a few single requests with other seeds tell."""
+    for draw in range(1, ALIKE_DRAWS + 1):
+        single = {**stream.body, "n": 1, "stream": False, "seed": SEED + 100 + draw}
+        single.pop("stream_options", None)
+        _, other = session.full(endpoint, single)
+        if read_full(endpoint, other)[0].text != text:
+            fail(f"the choices of one request have the same text, though other draws differ: {text[:60]!r}",
+                 stream)
+    skip(f"the model gives the same {len(text)} characters whatever the draw: choices cannot differ")
 
 
 CHECKS = [

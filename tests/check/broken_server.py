@@ -34,6 +34,7 @@ BUGS = {
     "no_done": "the stream ends without data: [DONE]",
     "double_usage": "the usage chunk is sent twice",
     "shared_choices": "n>1 choices share one text_offset counter in the stream",
+    "shared_sampler": "n>1 choices share one random draw: every choice says the same",
     "error_422": "bad requests get FastAPI's 422 {detail}, not OpenAI's 400 {error}",
 }
 # Words are one to three tokens; the split ones cut a character in two (é, ï, 日本, 😀).
@@ -340,7 +341,8 @@ def build_app() -> FastAPI:
         if params.model != MODEL:
             return error(404, f"The model `{params.model}` does not exist.", "invalid_request_error", "model",
                          "model_not_found")
-        answers = [answer(params.key(k), params.max_tokens, params.stops, params.include_stop) for k in range(params.n)]
+        draws = [0] * params.n if bug == "shared_sampler" else range(params.n)
+        answers = [answer(params.key(k), params.max_tokens, params.stops, params.include_stop) for k in draws]
         if params.stream:
             return StreamingResponse(stream_events(params, answers, bug), media_type="text/event-stream")
         return JSONResponse(full_response(params, answers))

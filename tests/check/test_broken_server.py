@@ -25,6 +25,7 @@ CAUGHT_BY = {
     "no_done": ("framing", "[DONE] last"),
     "double_usage": ("usage", "one usage chunk"),
     "shared_choices": ("n", "completions choices apart"),
+    "shared_sampler": ("n", "chat choices apart"),
     "error_422": ("errors", "invalid value"),
 }
 
