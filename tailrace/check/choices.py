@@ -32,7 +32,8 @@ def sampled(session: Session, endpoint: str) -> dict[str, Any]:
 def _indices(endpoint: str):
     def run(session: Session) -> None:
         stream = session.stream(endpoint, sampled(session, endpoint))
-        seen = list(dict.fromkeys(part.get("index") for chunk in stream.chunks() for part in chunk.get("choices") or []))
+        parts = [part for chunk in stream.chunks() for part in chunk.get("choices") or []]
+        seen = list(dict.fromkeys(part.get("index") for part in parts))
         if seen != list(range(N)):
             fail(f"choices appear with indices {seen}; {list(range(N))} in that order", stream)
     return run

@@ -24,7 +24,8 @@ def cumulative_piece(pieces: list[Piece]) -> str | None:
     sent = ""
     for piece in pieces:
         if sent and piece.text.startswith(sent):
-            return f"chunk {piece.chunk} repeats all {len(sent)} characters sent before it: cumulative text, not a delta"
+            return (f"chunk {piece.chunk} repeats all {len(sent)} characters sent before it: cumulative text, "
+                    "not a delta")
         sent += piece.text
     return None
 
@@ -118,9 +119,9 @@ def coverage_problem(tokens: list[Token], text: str, stop: str) -> str | None:
     covered, sent = spelt(tokens) or b"", text.encode()
     if covered == sent:
         return None
-    rest = covered[len(sent):]
-    last = tokens[-1].raw or b""
-    if covered.startswith(sent) and _agree(rest, stop.encode()) and len(covered) - len(last) < len(sent + stop.encode()):
+    rest, stop_bytes = covered[len(sent):], stop.encode()
+    needed_last = len(covered) - len(tokens[-1].raw or b"") < len(sent + stop_bytes)  # no token past the stop
+    if covered.startswith(sent) and _agree(rest, stop_bytes) and needed_last:
         return None
     return f"the logprobs spell {covered[-SHOWN:]!r}, but the text sent ends {sent[-SHOWN:]!r} before the stop {stop!r}"
 
@@ -137,7 +138,8 @@ def out_of_step(pieces: list[Piece], stop: str) -> str | None:
         text += piece.text
         covered, sent = spelt(tokens) or b"", text.encode()
         rest = covered[len(sent):] if covered.startswith(sent) else None
-        if rest == b"" or (rest is not None and (incomplete_utf8(rest) or (sent == final and _agree(rest, stop.encode())))):
+        stop_tokens = sent == final and rest is not None and _agree(rest, stop.encode())
+        if rest is not None and (rest == b"" or incomplete_utf8(rest) or stop_tokens):
             continue
         return (f"after chunk {piece.chunk} the logprobs spell ...{covered[-SHOWN:]!r} but the text sent is "
                 f"...{sent[-SHOWN:]!r}")
@@ -162,6 +164,7 @@ def offset_problem(tokens: list[Token], text: str, base: int) -> str | None:
     for i, token in enumerate(tokens):
         position = base + len(before.decode(errors="ignore"))  # a partial character is not yet a character
         if token.offset != position:
-            return f"token {i} ({token.text!r}) has text_offset {token.offset}, but {position} characters come before it"
+            return (f"token {i} ({token.text!r}) has text_offset {token.offset}, but {position} characters come "
+                    "before it")
         before += token.raw or b""
     return None

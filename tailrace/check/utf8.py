@@ -12,8 +12,8 @@ from tailrace.check.wire import read_full, read_stream
 
 GROUP = "utf8"
 REPLACEMENT = "\ufffd"
-PROMPTS = ("Café crème, naïve résumé, déjà vu, 日本語のテキスト:", "Emoji: 😀 🎉 👍 🚀", "Translate into Japanese: good morning =",
-           "Ünïcödé: ä ö ü ß → ≤ ≥ ∞ ±")
+PROMPTS = ("Café crème, naïve résumé, déjà vu, 日本語のテキスト:", "Emoji: 😀 🎉 👍 🚀",
+           "Translate into Japanese: good morning =", "Ünïcödé: ä ö ü ß → ≤ ≥ ∞ ±")
 
 
 def _request(endpoint: str, model: str, prompt: str) -> dict[str, Any]:

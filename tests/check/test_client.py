@@ -9,7 +9,8 @@ from tailrace.check.client import Client, Exchange
 
 
 def test_a_line_separator_inside_json_does_not_cut_the_event():
-    exchange = Exchange("/completions", {"stream": True}, reads=['data: {"t": "a\u2028b"}\n\ndata: [DONE]\n\n'.encode()])
+    body = 'data: {"t": "a\u2028b"}\n\ndata: [DONE]\n\n'.encode()
+    exchange = Exchange("/completions", {"stream": True}, reads=[body])
     assert exchange.chunks() == [{"t": "a\u2028b"}]
 
 
