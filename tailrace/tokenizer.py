@@ -16,6 +16,10 @@ import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders
 
+from tailrace.model import gguf
+from tailrace.model.gguf_tokenizer import build_tokenizer
+from tailrace.model.hub import is_gguf
+
 _BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -139,9 +143,26 @@ class Tokenizer:
         return "" if token_id is None else self.hf.id_to_token(token_id) or ""
 
 
-def load_tokenizer(path: str, generation_config_eos: list[int] | None = None) -> Tokenizer:
-    """Read an HF-layout directory: tokenizer.json, tokenizer_config.json, and the chat template
-    and generation_config.json eos ids when present."""
+def load_tokenizer(path: str, generation_config_eos: list[int] | None = None,
+                   chat_template: str | None = None) -> Tokenizer:
+    """Read an HF-layout directory (tokenizer.json, tokenizer_config.json, and the chat template
+    and generation_config.json eos ids when present) or a GGUF file's tokenizer metadata.
+    `chat_template` replaces the model's own."""
+    tokenizer = _load_gguf_tokenizer(path) if is_gguf(path) else _load_hf_tokenizer(path)
+    tokenizer.eos_token_ids = list(dict.fromkeys(tokenizer.eos_token_ids + (generation_config_eos or [])))
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def tokenizer_json(path: str) -> str:
+    """The tokenizer as a tokenizer.json string (for llguidance), a GGUF file's rebuilt."""
+    if is_gguf(path):
+        return build_tokenizer(gguf.open_gguf(path)).to_str()
+    return (Path(path) / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def _load_hf_tokenizer(path: str) -> Tokenizer:
     root = Path(path)
     hf = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
     config = _read_json(root / "tokenizer_config.json")
@@ -153,7 +174,6 @@ def load_tokenizer(path: str, generation_config_eos: list[int] | None = None) ->
         return hf.token_to_id(content) if content else None
 
     eos_ids = [token_id("eos_token")]
-    eos_ids += generation_config_eos or []
     eos_ids += _as_list(_read_json(root / "generation_config.json").get("eos_token_id"))
     special_ids = frozenset(i for i, tok in hf.get_added_tokens_decoder().items() if tok.special)
     return Tokenizer(
@@ -164,6 +184,28 @@ def load_tokenizer(path: str, generation_config_eos: list[int] | None = None) ->
         special_ids=special_ids,
         chat_template=_read_chat_template(root, config),
         add_bos=bool(config.get("add_bos_token", False)),
+    )
+
+
+def _load_gguf_tokenizer(path: str) -> Tokenizer:
+    reader = gguf.open_gguf(path)
+    hf = build_tokenizer(reader)
+
+    def token_id(key: str) -> int | None:
+        return gguf.metadata(reader, f"tokenizer.ggml.{key}", None)
+
+    # llama.cpp ends generation at eot (Llama 3's <|eot_id|>) and eom as well as at eos.
+    eos_ids = [token_id("eos_token_id"), token_id("eot_token_id"), token_id("eom_token_id")]
+    return Tokenizer(
+        hf=hf,
+        eos_token_ids=list(dict.fromkeys(i for i in eos_ids if i is not None)),
+        bos_token_id=token_id("bos_token_id"),
+        pad_token_id=token_id("padding_token_id"),
+        special_ids=frozenset(i for i, tok in hf.get_added_tokens_decoder().items() if tok.special),
+        chat_template=gguf.metadata(reader, "tokenizer.chat_template", None),
+        # SentencePiece vocabularies add bos unless told not to; byte-level ones do not.
+        add_bos=bool(gguf.metadata(reader, "tokenizer.ggml.add_bos_token",
+                                   gguf.metadata(reader, "tokenizer.ggml.model") == "llama")),
     )
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from tailrace.model.hub import resolve_model
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent.parent / "models" / "tiny")
 DEVICES = ("auto", "cpu", "cuda")
@@ -13,7 +14,8 @@ ATTENTION_BACKENDS = ("auto", "slab", "paged")
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded tiny model
+    model: str | None = None  # a directory, a .gguf file or a hub id (model/hub.py); None: the embedded tiny model
+    revision: str | None = None  # of a hub id: a branch, tag or commit (default: main)
     dtype: str = "auto"
     quantization: str | None = None  # "int8" / "int4": weight-only, quantized at load (model/quant.py)
     load_format: str = "auto"  # "dummy": random weights from config.json alone
@@ -33,14 +35,19 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     in_process: bool = False  # run the core on a thread of this process (tests, debugging)
+    # The local directory or GGUF file of `model`, resolved once; it travels with the config to the
+    # core process, so a hub id is looked up (or downloaded) only in the process that started.
+    _local_path: str | None = field(default=None, init=False, repr=False)
 
     @property
     def model_path(self) -> str:
-        return self.model or EMBEDDED_MODEL
+        """The model's local directory or .gguf file; ValueError when it cannot be found."""
+        if self._local_path is None:
+            self._local_path = resolve_model(self.model or EMBEDDED_MODEL, self.revision)
+        return self._local_path
 
     def validate(self) -> None:
-        if not os.path.isdir(self.model_path):
-            raise ValueError(f"model directory not found: {self.model_path}")
+        _ = self.model_path  # resolving finds the model, or raises naming it
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -23,6 +23,7 @@ import torch
 from tailrace.engine.thinking import Phase, ThinkGate
 from tailrace.engine.transfer import to_device
 from tailrace.sampling_params import SamplingParams, StructuredSpec
+from tailrace.tokenizer import tokenizer_json
 
 # Fixed separators and no free whitespace: the JSON reads like json.dumps output, and a weak
 # model cannot spend its whole budget on whitespace between tokens.
@@ -102,8 +103,7 @@ class GrammarCompiler:
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
-            with open(os.path.join(self.model_path, "tokenizer.json"), encoding="utf-8") as f:
-                source = f.read()
+            source = tokenizer_json(self.model_path)
             try:
                 # n_vocab is the model's: logits columns past the tokenizer's ids are then always masked.
                 self._tokenizer = llguidance.LLTokenizer(source, n_vocab=self.vocab_size,

@@ -1,4 +1,4 @@
-"""The model's shape and conventions, read from a Hugging Face `config.json`."""
+"""The model's shape and conventions, read from a Hugging Face `config.json` (or a GGUF file's metadata)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from tailrace.model.gguf import config_dict, open_gguf
+from tailrace.model.hub import is_gguf
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM",
@@ -49,7 +52,10 @@ class ModelConfig:
 
 
 def load_model_config(path: str) -> ModelConfig:
-    """Read `path/config.json`; stop tokens from `generation_config.json` are added when present."""
+    """Read `path/config.json`; stop tokens from `generation_config.json` are added when present.
+    A .gguf `path` is read from its metadata instead."""
+    if is_gguf(path):
+        return parse_model_config(config_dict(open_gguf(path)))
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         raw = json.load(f)
     config = parse_model_config(raw)

@@ -1,14 +1,17 @@
-"""Build a model from a Hugging Face checkpoint directory (safetensors), or with dummy weights."""
+"""Build a model from a Hugging Face checkpoint directory (safetensors), a GGUF file, or with dummy weights."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 
 import torch
 from safetensors import safe_open
 
+from tailrace.model import gguf
 from tailrace.model.config import ModelConfig, load_model_config
+from tailrace.model.hub import is_gguf
 from tailrace.model.llama import LlamaForCausalLM, RMSNorm
 from tailrace.model.quant import quantize_model
 
@@ -31,8 +34,8 @@ def load_model(
     path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0,
     quantization: str | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """dtype "auto" is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only config.json;
-    quantization "int8" / "int4" quantizes the projections after loading (see quant)."""
+    """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto"
+    is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only the config; quantization "int8" / "int4" quantizes the projections after loading (see quant)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
@@ -42,8 +45,10 @@ def load_model(
     with torch.no_grad():
         if load_format == "dummy":
             init_dummy_weights(model, seed)
+        elif is_gguf(path):
+            load_tensors(model, gguf.checkpoint_tensors(gguf.open_gguf(path)))
         else:
-            load_safetensors(model, checkpoint_files(path))
+            load_tensors(model, safetensors_tensors(checkpoint_files(path)))
     if quantization is not None:
         quantize_model(model, quantization)
     return model.eval(), config
@@ -86,22 +91,28 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
             module.weight.fill_(1.0)
 
 
-def load_safetensors(model: LlamaForCausalLM, files: list[str]) -> None:
-    """Copy every checkpoint tensor into its (possibly fused) parameter, casting to the model dtype."""
+def safetensors_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy every (Hugging Face name, tensor) into its (possibly fused) parameter, casting to the
+    model dtype."""
     params = dict(model.named_parameters())
     expected = _checkpoint_names(params)
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if _ignored(name, model.config):
-                    continue
-                if name not in expected:
-                    unexpected.append(name)
-                    continue
-                _copy_into(params, name, f.get_tensor(name), model.config)
-                loaded.add(name)
+    for name, tensor in tensors:
+        if _ignored(name, model.config):
+            continue
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        _copy_into(params, name, tensor, model.config)
+        loaded.add(name)
     missing = sorted(expected - loaded)
     if missing or unexpected:
         raise ValueError(

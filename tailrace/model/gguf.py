@@ -1,0 +1,189 @@
+"""A GGUF file (llama.cpp's and Ollama's format): its metadata, its config as Hugging Face names
+it, and its tensors dequantized under Hugging Face names.
+
+Each tensor is dequantized on its own (`dequantize`), from its raw blocks (`GGUFReader` keeps them
+memory-mapped in `ReaderTensor.data`), so a quantized path can later take those blocks instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
+from gguf.quants import dequantize as dequantize_blocks
+
+# general.architecture -> the Hugging Face architecture it is.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
+                     Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_ROPE_FREQS = "rope_freqs.weight"
+_REQUIRED = object()
+
+
+def open_gguf(path: str) -> GGUFReader:
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError, KeyError, IndexError) as exc:
+        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
+    """One metadata value (a number, string, bool or list); ValueError when a required key is absent."""
+    field = reader.get_field(key)
+    if field is None:
+        if default is _REQUIRED:
+            raise ValueError(f"GGUF metadata has no {key}")
+        return default
+    value = field.contents()
+    if field.types == [GGUFValueType.FLOAT32]:
+        # The float32 the file holds, as the decimal it was written from (1e-05, not 9.99999974e-06),
+        # so a model reads the same config from its GGUF as from its config.json.
+        return float(str(np.float32(value)))
+    return value
+
+
+def architecture(reader: GGUFReader) -> str:
+    arch = metadata(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+    return arch
+
+
+def config_dict(reader: GGUFReader) -> dict[str, Any]:
+    """The model's config.json, as Hugging Face would write it, from the metadata."""
+    arch = architecture(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def value(key: str, default: Any = _REQUIRED) -> Any:
+        return metadata(reader, f"{arch}.{key}", default)
+
+    if "token_embd.weight" not in tensors:
+        raise ValueError("GGUF file has no token_embd.weight tensor")
+    hidden, heads = value("embedding_length"), value("attention.head_count")
+    eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    return {
+        "architectures": [ARCHITECTURES[arch]],
+        "vocab_size": int(tensors["token_embd.weight"].shape[1]),
+        "hidden_size": hidden,
+        "intermediate_size": value("feed_forward_length"),
+        "num_hidden_layers": value("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": value("attention.head_count_kv", heads),
+        "head_dim": value("attention.key_length", hidden // heads),
+        "rms_norm_eps": value("attention.layer_norm_rms_epsilon"),
+        "rope_theta": value("rope.freq_base", 10000.0),
+        "rope_scaling": _rope_scaling(reader, arch, tensors.get(_ROPE_FREQS)),
+        "max_position_embeddings": value("context_length"),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
+    }
+
+
+def _rope_scaling(reader: GGUFReader, arch: str, rope_freqs: ReaderTensor | None) -> dict | None:
+    if rope_freqs is not None:
+        return _llama3_scaling(reader, arch, torch.from_numpy(np.array(rope_freqs.data, dtype=np.float32)))
+    kind = metadata(reader, f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    scaling = {"rope_type": kind, "factor": metadata(reader, f"{arch}.rope.scaling.factor")}
+    original = metadata(reader, f"{arch}.rope.scaling.original_context_length", None)
+    if original is not None:
+        scaling["original_max_position_embeddings"] = original
+    return scaling
+
+
+# Llama 3.1 and 3.2 (factor 8 and 32 over an original context of 8192, low and high frequency
+# factors 1 and 4) are the published ones; the others are there for fine-tunes that changed them.
+_LLAMA3_CANDIDATES = [(low, high, context) for context in (8192, 4096, 16384, 32768)
+                      for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0))]
+
+
+def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> dict:
+    """llama.cpp stores Llama 3.1's frequency scaling as the divisor of each frequency
+    (`rope_freqs`), not as its parameters: find the parameters that give exactly those divisors."""
+    from tailrace.model.llama import rope_inverse_frequencies  # here: llama imports config, which imports this
+
+    def frequencies(scaling: dict | None) -> torch.Tensor:
+        rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rope_scaling=scaling,
+                               rope_theta=metadata(reader, f"{arch}.rope.freq_base", 10000.0))
+        return rope_inverse_frequencies(rope)  # type: ignore[arg-type]
+
+    wanted = frequencies(None) / rope_freqs
+    for low, high, context in _LLAMA3_CANDIDATES:
+        scaling = {"rope_type": "llama3", "factor": float(rope_freqs.max()), "low_freq_factor": low,
+                   "high_freq_factor": high, "original_max_position_embeddings": context}
+        if torch.allclose(frequencies(scaling), wanted, rtol=1e-4):
+            return scaling
+    raise ValueError("unsupported rope_freqs tensor: it matches no Llama 3 frequency scaling")
+
+
+def dequantize(tensor: ReaderTensor) -> torch.Tensor:
+    """One GGUF tensor as float32, in PyTorch's (rows, columns) order."""
+    if tensor.tensor_type not in DEQUANTIZED_TYPES:
+        supported = ", ".join(t.name for t in DEQUANTIZED_TYPES)
+        raise ValueError(f"{tensor.name}: unsupported GGUF tensor type {tensor.tensor_type.name}; supported: {supported}")
+    values = dequantize_blocks(tensor.data, tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+
+
+def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 tensor) for every weight; q and k rows back in Hugging Face order."""
+    arch = architecture(reader)
+    heads = metadata(reader, f"{arch}.attention.head_count")
+    kv_heads = metadata(reader, f"{arch}.attention.head_count_kv", heads)
+    for tensor in reader.tensors:
+        if tensor.name == _ROPE_FREQS:
+            continue  # read into the config's rope scaling
+        name = hf_name(tensor.name)
+        values = dequantize(tensor)
+        # llama.cpp's converter interleaves the rotary halves of Llama's q and k rows (its rope
+        # pairs adjacent dims); Qwen's rope is the same as here, so only llama is undone.
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            values = unpermute_rotary(values, heads)
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            values = unpermute_rotary(values, kv_heads)
+        yield name, values
+
+
+def hf_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    base, _, kind = gguf_name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{kind}"
+    block, layer, part = (base.split(".", 2) + ["", ""])[:3]
+    if block != "blk" or not layer.isdigit() or part not in _LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name}")
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rotary(values: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of llama.cpp's `LlamaModel.permute`: within each head, rows (0, 2, 4, ..., 1, 3,
+    5, ...) go back to (0, 1, 2, ...)."""
+    half = values.shape[0] // heads // 2
+    return values.reshape(heads, half, 2, *values.shape[1:]).transpose(1, 2).reshape(values.shape)

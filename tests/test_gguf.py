@@ -1,0 +1,147 @@
+"""GGUF files (llama.cpp's format) load as the checkpoint they were converted from: config,
+weights (dequantized within each format's error), greedy tokens; bad files get one clear error."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf_writer import EMBEDDED, llama_permute, write_gguf
+
+from tailrace import LLM, SamplingParams
+from tailrace.model.config import load_model_config
+from tailrace.model.gguf import dequantize, unpermute_rotary
+from tailrace.model.loader import load_model
+
+PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]
+# Per-block error bound, as a fraction of the block's largest |weight|: half a step of the grid
+# each format rounds to, where Q4_0's clamped extreme can be off by a whole step.
+_BLOCK_ERROR = {Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 8, Q.Q4_1: 1 / 15}
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory):
+    return str(write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf"))
+
+
+def test_config_is_the_checkpoints(f32_gguf):
+    ours, theirs = load_model_config(f32_gguf), load_model_config(str(EMBEDDED))
+    theirs.eos_token_ids = theirs.eos_token_ids[:1]  # generation_config.json's extra stops are not in a GGUF
+    assert ours == theirs
+
+
+def test_f32_weights_are_the_checkpoints_with_rotary_rows_restored(f32_gguf):
+    ours, _ = load_model(f32_gguf)
+    theirs, _ = load_model(str(EMBEDDED))
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_unpermute_rotary_inverts_llama_cpps_permute():
+    weights = np.arange(8 * 4 * 3, dtype=np.float32).reshape(32, 3)
+    permuted = torch.from_numpy(llama_permute(weights, heads=4))
+    assert torch.equal(unpermute_rotary(permuted, heads=4), torch.from_numpy(weights))
+
+
+def test_greedy_tokens_are_the_checkpoints(f32_gguf):
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(EMBEDDED), threads=1).generate(PROMPTS, params)]
+    got = [o.outputs[0].token_ids for o in LLM(f32_gguf, threads=1).generate(PROMPTS, params)]
+    assert got == want
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_quantized_weights_load_within_the_formats_error(tmp_path, qtype):
+    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)))
+    theirs, _ = load_model(str(EMBEDDED))
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        if a.dim() == 2:
+            blocks_a, blocks_b = a.reshape(a.shape[0], -1, 32), b.reshape(b.shape[0], -1, 32)
+            bound = blocks_b.abs().amax(-1, keepdim=True) * _BLOCK_ERROR[qtype] * 1.01
+            assert ((blocks_a - blocks_b).abs() <= bound).all(), name
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
+def test_half_precision_weights_load_within_their_rounding(tmp_path, qtype):
+    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)))
+    theirs, _ = load_model(str(EMBEDDED))
+    rounding = 2.0 ** -11 if qtype == Q.F16 else 2.0 ** -8
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=rounding, atol=1e-7), name
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quant_rows_dequantize_in_row_order(tmp_path, qtype):
+    reader = _one_tensor_file(tmp_path, qtype, rows=3, columns=512)
+    tensor = reader.tensors[0]
+    rows = [gguf.quants.dequantize(tensor.data[i], qtype) for i in range(3)]
+    assert torch.equal(dequantize(tensor), torch.from_numpy(np.stack(rows)))
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    reader = _one_tensor_file(tmp_path, Q.IQ4_NL, rows=1, columns=32)
+    with pytest.raises(ValueError, match="blk.0.ffn_up.weight: unsupported GGUF tensor type IQ4_NL"):
+        dequantize(reader.tensors[0])
+
+
+def _one_tensor_file(tmp_path, qtype: Q, rows: int, columns: int) -> gguf.GGUFReader:
+    """Random blocks with their fp16 scales set small and finite (random bytes can be inf or NaN)."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (rows, columns // block_size, type_size), dtype=np.uint8)
+    scale_bytes = np.float16(0.01).tobytes()
+    scale_at = {Q.Q4_K: [0, 2], Q.Q6_K: [type_size - 2], Q.IQ4_NL: [0]}[qtype]
+    for at in scale_at:
+        raw[..., at:at + 2] = np.frombuffer(scale_bytes, dtype=np.uint8)
+    path = tmp_path / "one.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", raw.reshape(rows, -1), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf.GGUFReader(path)
+
+
+def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path):
+    factors = _llama3_rope_factors(head_dim=32, theta=10000.0, factor=8.0, low=1.0, high=4.0, context=8192)
+    path = write_gguf(tmp_path / "tiny.gguf", extra_tensors={"rope_freqs.weight": factors})
+    assert load_model_config(str(path)).rope_scaling == {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
+
+
+def _llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float,
+                         context: int) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs for Llama 3.1: each frequency's divisor."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < context / high:
+            out.append(1.0)
+        elif wavelen > context / low:
+            out.append(factor)
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_corrupt_file_is_named(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\xff" * 64)
+    with pytest.raises(ValueError, match="broken.gguf is not a readable GGUF file"):
+        load_model(str(path))
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2'"):
+        load_model_config(str(path))
