@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from tailrace.model.gguf_quant import decode_int4, decode_q8_0_halves, quantized_linear, unpermute_rotary_rows
+from tailrace.model.quant import dequantize_int4
+
+OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel
+# bfloat16 keeps 8 significant bits: activations, scales and outputs each round by up to 2^-9.
+BF16_RTOL = 1e-2
+
+
+def _raw(tensor_type: Q, shape: tuple[int, int] = (OUT, IN), seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if tensor_type != Q.Q4_K:
+        return quantize((rng.standard_normal(shape) * 0.02).astype(np.float32), tensor_type)
+    # gguf has no Q4_K quantizer: random super-blocks (any scale/min/code bytes are valid), with
+    # fp16 d and dmin of a real weight's size.
+    blocks = rng.integers(0, 256, (shape[0] * shape[1] // 256, 144), dtype=np.uint8)
+    blocks[:, 0:4] = (rng.uniform(1e-5, 1e-3, (blocks.shape[0], 2)).astype(np.float16)).view(np.uint8)
+    return blocks.reshape(shape[0], -1)
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).norm() / expected.norm())
+
+
+@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0])
+def test_layer_matches_linear_over_gguf_dequantized_weight(tensor_type: Q) -> None:
+    raw = _raw(tensor_type)
+    weight = torch.from_numpy(dequantize(raw, tensor_type))
+    x = torch.randn(5, IN).to(torch.bfloat16).float()
+    layer = quantized_linear(tensor_type, raw, (OUT, IN))
+    assert _relative_error(layer(x), F.linear(x, weight)) < BF16_RTOL
+
+
+def test_q4_0_codes_dequantize_bit_exactly_to_gguf() -> None:
+    raw = _raw(Q.Q4_0)
+    expected = torch.from_numpy(dequantize(raw, Q.Q4_0))
+    assert torch.equal(dequantize_int4(*decode_int4(Q.Q4_0, raw, (OUT, IN))), expected)
+
+
+@pytest.mark.parametrize("tensor_type", [Q.Q4_1, Q.Q4_K])
+def test_offset_codes_dequantize_to_gguf_within_float32_rounding(tensor_type: Q) -> None:
+    """Their zero folds the offset and 8 scales into one float32, so sums may round differently."""
+    raw = _raw(tensor_type)
+    expected = torch.from_numpy(dequantize(raw, tensor_type))
+    actual = dequantize_int4(*decode_int4(tensor_type, raw, (OUT, IN)))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6 * float(expected.abs().max()))
+
+
+def test_q8_0_halves_sum_bit_exactly_to_gguf() -> None:
+    raw = _raw(Q.Q8_0)
+    halves = dequantize_int4(*decode_q8_0_halves(raw, (OUT, IN)))
+    assert torch.equal(halves[:, :IN] + halves[:, IN:], torch.from_numpy(dequantize(raw, Q.Q8_0)))
+
+
+def test_q8_0_codes_at_int8_extremes_split_exactly() -> None:
+    raw = _raw(Q.Q8_0).reshape(-1, 34).copy()
+    raw[:, 2:] = np.array([-128, 127, 0, -1] * 8, dtype=np.int8).view(np.uint8)
+    halves = dequantize_int4(*decode_q8_0_halves(raw, (OUT, IN)))
+    assert torch.equal(halves[:, :IN] + halves[:, IN:], torch.from_numpy(dequantize(raw, Q.Q8_0)).reshape(OUT, IN))
+
+
+def test_unpermuting_raw_rows_undoes_llama_cpp_rotary_permute() -> None:
+    heads, weight = 3, np.random.default_rng(1).standard_normal((OUT, IN)).astype(np.float32)
+    # llama.cpp's LlamaModel.permute, as its converter applies it to q_proj and k_proj.
+    permuted = weight.reshape(heads, 2, OUT // heads // 2, IN).swapaxes(1, 2).reshape(OUT, IN)
+    assert np.array_equal(unpermute_rotary_rows(quantize(permuted, Q.Q4_0), heads),
+                          quantize(weight, Q.Q4_0))
+
+
+def test_reader_tensor_decodes_as_written(tmp_path) -> None:
+    raw, path = _raw(Q.Q4_1), str(tmp_path / "w.gguf")
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("w", raw, raw_dtype=Q.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = GGUFReader(path).tensors[0]
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    read, written = (decode_int4(Q.Q4_1, data, shape) for data in (tensor.data, raw))
+    assert all(torch.equal(a, b) for a, b in zip(read, written))
+
+
+def test_type_without_block_mapping_returns_none() -> None:
+    assert quantized_linear(Q.Q6_K, np.zeros((OUT, IN // 256 * 210), dtype=np.uint8), (OUT, IN)) is None
+
+
+def test_rows_not_in_tiles_of_16_return_none() -> None:
+    assert quantized_linear(Q.Q4_0, _raw(Q.Q4_0, (40, IN)), (40, IN)) is None
