@@ -46,6 +46,7 @@ _ENGINE_FLAGS = {
     "threads": (int, "torch threads in the engine core, fixed (default: chosen step by step among all cores, "
                      "all but one and half, by measured step time)"),
     "seed": (int, "seed for requests that give none"),
+    "revision": (str, "of a hub id: the branch, tag or commit to serve (default: main)"),
 }
 
 
@@ -119,6 +120,8 @@ def add_chat_flags(parser: argparse.ArgumentParser) -> None:
                              "auto: the one its chat template shows (default: auto)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="accepted for vLLM's command lines: tool_choice auto is always on here")
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
+                        help="replaces the model's chat template: a file holding one, else the template itself")
     parser.add_argument("--generation-config", default="auto",
                         help="defaults for the sampling settings a request leaves unset: auto (the model's "
                              "generation_config.json), vllm (none: OpenAI's defaults) or a directory holding a "
@@ -140,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
     serve.add_argument("model", nargs="?", default=None,
-                       help="a Hugging Face model directory (default: the embedded tiny model)")
+                       help="a Hugging Face model directory, a hub id (ORG/NAME) or a .gguf file "
+                            "(default: the embedded tiny model)")
     serve.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
                        help="the model, as vLLM's --model takes it")
     serve.add_argument("--host", default="127.0.0.1")
@@ -207,7 +211,8 @@ async def serve(args: argparse.Namespace) -> int:
     from tailrace.api.app import ServerConfig, build_app
     from tailrace.api.server import run_server
     from tailrace.engine.client import EngineClient
-    from tailrace.tokenizer import load_tokenizer
+    from tailrace.model.hub import served_name
+    from tailrace.tokenizer import load_tokenizer, read_chat_template
 
     try:
         args.model = _one_model(args)
@@ -216,13 +221,15 @@ async def serve(args: argparse.Namespace) -> int:
         config.validate()
         limits.validate()
         sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
+        chat_template = None if args.chat_template is None else read_chat_template(args.chat_template)
+        tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    name, *other_names = args.served_model_name or [os.path.basename(os.path.normpath(config.model_path))]
+    name, *other_names = args.served_model_name or [served_name(config.model or config.model_path)]
     if sampling_defaults:
         log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)
-    engine = EngineClient(config, load_tokenizer(config.model_path))
+    engine = EngineClient(config, tokenizer)
     app = build_app(engine, ServerConfig(served_model_name=name, api_key=args.api_key,
                                          max_body_bytes=args.max_body_bytes, metrics_public=args.metrics_public,
                                          cors_origins=args.cors_origin + args.allowed_origins, limits=limits,

@@ -155,6 +155,15 @@ def load_tokenizer(path: str, generation_config_eos: list[int] | None = None,
     return tokenizer
 
 
+def read_chat_template(file_or_template: str) -> str:
+    """vLLM's --chat-template: the text of a file when one is there, else the template itself."""
+    if Path(file_or_template).is_file():
+        return Path(file_or_template).read_text(encoding="utf-8")
+    if "{" not in file_or_template:
+        raise ValueError(f"--chat-template {file_or_template!r}: no such file, and not a template")
+    return file_or_template
+
+
 def tokenizer_json(path: str) -> str:
     """The tokenizer as a tokenizer.json string (for llguidance), a GGUF file's rebuilt."""
     if is_gguf(path):
