@@ -5,8 +5,13 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
+from gguf_writer import llama_permute, write_gguf
 
-from tailrace.model.gguf_quant import decode_int4, decode_q8_0_halves, quantized_linear, unpermute_rotary_rows
+from tailrace.model.gguf_quant import (
+    decode_int4, decode_q8_0_halves, quantized_linear, unpermute_rotary_rows, use_gguf_blocks,
+)
+from tailrace.model.llama import Linear
+from tailrace.model.loader import load_model
 from tailrace.model.quant import dequantize_int4
 
 OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel
@@ -68,9 +73,7 @@ def test_q8_0_codes_at_int8_extremes_split_exactly() -> None:
 
 def test_unpermuting_raw_rows_undoes_llama_cpp_rotary_permute() -> None:
     heads, weight = 3, np.random.default_rng(1).standard_normal((OUT, IN)).astype(np.float32)
-    # llama.cpp's LlamaModel.permute, as its converter applies it to q_proj and k_proj.
-    permuted = weight.reshape(heads, 2, OUT // heads // 2, IN).swapaxes(1, 2).reshape(OUT, IN)
-    assert np.array_equal(unpermute_rotary_rows(quantize(permuted, Q.Q4_0), heads),
+    assert np.array_equal(unpermute_rotary_rows(quantize(llama_permute(weight, heads), Q.Q4_0), heads),
                           quantize(weight, Q.Q4_0))
 
 
@@ -94,3 +97,28 @@ def test_type_without_block_mapping_returns_none() -> None:
 
 def test_rows_not_in_tiles_of_16_return_none() -> None:
     assert quantized_linear(Q.Q4_0, _raw(Q.Q4_0, (40, IN)), (40, IN)) is None
+
+
+@pytest.fixture(scope="module", params=[Q.Q4_0, Q.Q8_0], ids=["Q4_0", "Q8_0"])
+def tiny_gguf(request, tmp_path_factory) -> tuple[dict[str, torch.nn.Module], dict[str, torch.nn.Module], list[str]]:
+    """The embedded model's GGUF: (the dequantizing loader's projections, the block-built ones, replaced names)."""
+    path = str(write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", request.param))
+    model, _ = load_model(path)
+    floats = {name: module for name, module in model.named_modules() if isinstance(module, Linear)}
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    floats["lm_head"] = lambda x: F.linear(x, embedding)
+    replaced = use_gguf_blocks(model, GGUFReader(path))
+    return floats, dict(model.named_modules()), replaced
+
+
+def test_every_projection_and_the_tied_head_come_from_blocks(tiny_gguf) -> None:
+    floats, _, replaced = tiny_gguf
+    assert sorted(replaced) == sorted(floats)
+
+
+def test_block_built_projections_match_the_dequantizing_loaders(tiny_gguf) -> None:
+    """Fused q/k/v and gate/up rows stack in the loader's order, q and k rows unpermuted."""
+    floats, modules, replaced = tiny_gguf
+    for name in replaced:
+        x = torch.randn(3, modules[name].in_features).to(torch.bfloat16).float()
+        assert _relative_error(modules[name](x), floats[name](x)) < BF16_RTOL, name

@@ -28,13 +28,22 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, ReaderTensor
 
-from tailrace.model.llama import Module
+from tailrace.model import gguf
+from tailrace.model.llama import LlamaForCausalLM, Module
 from tailrace.model.quant import INT4_GROUP_SIZE, Int4Linear, int4_packable
 
 # Codes, scales and zeros as `Int4Linear` takes them: q [out, in] in 0..15, the rest [out, in / 32].
 Int4Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _K_SCALE_BYTES = 12  # Q4_K's 6-bit scales and mins of its 8 sub-blocks
+# A layer's projection -> the GGUF tensors whose rows it stacks, in order.
+_PROJECTION_PARTS = {
+    ("self_attn", "qkv_proj"): ("attn_q", "attn_k", "attn_v"),
+    ("self_attn", "o_proj"): ("attn_output",),
+    ("mlp", "gate_up_proj"): ("ffn_gate", "ffn_up"),
+    ("mlp", "down_proj"): ("ffn_down",),
+}
 
 
 class SplitInt8Linear(Module):
@@ -47,6 +56,53 @@ class SplitInt8Linear(Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.halves(torch.cat((x, x), dim=-1))
+
+
+def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
+    """Every projection (and the LM head) whose GGUF tensors share one mapped type, replaced in
+    place by its quantized module built from the file's blocks; the others keep the float weights
+    the loader dequantized. CPU only (the int4 kernel's). Returns the replaced projections' names."""
+    tensors = {t.name: t for t in reader.tensors}
+    rotary_heads = _rotary_heads(reader)
+    replaced = []
+    for i, layer in enumerate(model.model.layers):
+        for (block, name), parts in _PROJECTION_PARTS.items():
+            parent = getattr(layer, block)
+            bias = getattr(parent, name).bias
+            module = _from_parts([tensors[f"blk.{i}.{part}.weight"] for part in parts], rotary_heads,
+                                 None if bias is None else bias.detach())
+            if module is not None:
+                setattr(parent, name, module)
+                replaced.append(f"model.layers.{i}.{block}.{name}")
+    head = _from_parts([tensors.get("output.weight", tensors["token_embd.weight"])], rotary_heads, None)
+    if head is not None:
+        model.lm_head = head
+        replaced.append("lm_head")
+    return replaced
+
+
+def _from_parts(parts: list[ReaderTensor], rotary_heads: dict[str, int],
+                bias: torch.Tensor | None) -> Int4Linear | SplitInt8Linear | None:
+    """One projection over the parts' rows stacked: rows are independent in every block format, so
+    stacking raw rows is exact, as long as the parts share one type."""
+    if len({part.tensor_type for part in parts}) != 1:
+        return None
+    rows = []
+    for part in parts:
+        kind = part.name.split(".")[-2]
+        raw = np.asarray(part.data)
+        rows.append(unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw)
+    raw = np.concatenate(rows)
+    return quantized_linear(parts[0].tensor_type, raw, (raw.shape[0], int(parts[0].shape[0])), bias)
+
+
+def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
+    """The head counts llama.cpp permuted q and k rows by: only for llama (see gguf.checkpoint_tensors)."""
+    arch = gguf.architecture(reader)
+    if arch != "llama":
+        return {}
+    heads = gguf.metadata(reader, f"{arch}.attention.head_count")
+    return {"attn_q": heads, "attn_k": gguf.metadata(reader, f"{arch}.attention.head_count_kv", heads)}
 
 
 def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],
