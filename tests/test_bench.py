@@ -77,7 +77,7 @@ def test_summary_counts_only_successful_requests_in_latencies_and_throughput():
 def test_comparison_table_shows_ratios_on_headline_rows():
     ours = summarize(LevelResult(8, math.inf, 1.0, [record(0.1, [0.01] * 9, 10)]))
     peer = summarize(LevelResult(8, math.inf, 2.0, [record(0.2, [0.02] * 9, 10)]))
-    table = format_comparison(ours, peer, ("tailrace", "peer"))
+    table = format_comparison({"tailrace": ours, "peer": peer}, "tailrace")
     assert "concurrency 8" in table
     throughput_row = next(line for line in table.splitlines() if line.startswith("output tok/s"))
     assert throughput_row.split()[-1] == "2.00"

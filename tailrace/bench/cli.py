@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ if TYPE_CHECKING:  # the bench modules load only when a bench command runs
     from tailrace.bench.serve import LoadConfig
 
 DEFAULT_CONCURRENCY = "1,8,32,64"
+PEER_NAMES = ("transformers", "vllm", "llamacpp")  # tailrace.bench.compare.PEERS, without importing it
+SHAPE_NAMES = ("smollm2-135m", "llama-3.2-1b")  # tailrace.bench.shapes.SHAPES, likewise
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -77,14 +80,28 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--extra-body", type=json_object, default={},
                        help="a JSON object merged into every request, e.g. '{\"top_p\": 0.9}'")
     serve.add_argument("--timeout", type=float, default=600.0, help="longest wait for one read, s (default: 600)")
-    compare = kinds.add_parser("compare", help="tailrace against `transformers serve --continuous-batching` here")
+    compare = kinds.add_parser("compare", help="tailrace against peer servers started here, one after another")
     compare.add_argument("model", nargs="?", default=None,
                          help="a Hugging Face model directory (default: the embedded tiny model)")
+    compare.add_argument("--shape", choices=SHAPE_NAMES, default=None,
+                         help="a public model's shape with seeded random weights, written under bench/.shapes "
+                              "on first use, instead of a model directory")
+    compare.add_argument("--peer", dest="peers", action="append", choices=PEER_NAMES, default=None,
+                         help="a server to measure tailrace against, installed under bench/.peers on first use; "
+                              "repeat for several (default: transformers)")
     _add_load_flags(compare, "1,8,32", 64)
-    compare.add_argument("--peer-venv", type=Path, default=None,
-                         help="the peer's virtual environment, made on first use (default: bench/.peer-venv)")
+    compare.add_argument("--endpoint", choices=("completions", "chat"), default="chat")
+    compare.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                         help="weights and compute of every server (default: float32)")
+    compare.add_argument("--peer-quant", choices=("Q8_0", "Q4_0"), default=None,
+                         help="llama.cpp's weights quantized to this (default: none, --dtype)")
+    compare.add_argument("--ours-args", type=shlex.split, default=[],
+                         help="more `tailrace serve` flags, e.g. '--quantization int8' "
+                              "(a flag alone: --ours-args=--FLAG)")
     compare.add_argument("--threads", type=int, default=None,
-                         help="compute threads of each server (default: tailrace's, all cores but one)")
+                         help="compute threads of each server (default: all cores but one)")
+    compare.add_argument("--peers-dir", type=Path, default=None,
+                         help="where the peers are installed (default: bench/.peers)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -134,14 +151,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from tailrace.bench.compare import CompareConfig, run_compare
-    from tailrace.bench.peer import DEFAULT_PEER_VENV
-    from tailrace.engine.config import EMBEDDED_MODEL
+    from tailrace.bench.peers.install import PEERS_DIR
 
-    config = CompareConfig(model_dir=args.model or EMBEDDED_MODEL, load=_load_config(args),
-                           peer_venv=args.peer_venv or DEFAULT_PEER_VENV, threads=args.threads)
+    if args.model and args.shape:
+        print("error: give a model directory or --shape, not both")
+        return 2
+    peers = list(dict.fromkeys(args.peers or ["transformers"]))  # each once, in the order given
+    config = CompareConfig(load=_load_config(args, endpoint=args.endpoint), peers=peers, model_dir=args.model,
+                           shape=args.shape, threads=args.threads, dtype=args.dtype, peer_quant=args.peer_quant,
+                           ours_args=args.ours_args, peers_dir=args.peers_dir or PEERS_DIR)
     meta, runs = run_compare(config)
-    _save(args, meta, runs, f"{Path(config.model_dir).name}: tailrace vs transformers serve, "
-                            f"{args.input_len} in / {args.output_len} out")
+    model = args.shape or Path(args.model or "embedded").name
+    _save(args, meta, runs, f"{model}: tailrace vs {', '.join(peers)}, {args.input_len} in / {args.output_len} out")
     return 0 if all(r.ok for levels in runs.values() for level in levels for r in level.records) else 1
 
 

@@ -1,10 +1,10 @@
-"""`tailrace bench compare`: tailrace next to `transformers serve --continuous-batching`, in one run.
+"""`tailrace bench compare`: tailrace against peer servers (transformers, vLLM, llama.cpp), one run.
 
-Both servers are started here, on loopback, from one snapshot of the model directory (the embedded
-model is re-exported while it trains, and both must serve the same weights); both are stopped at
-the end, on error and on Ctrl-C too. They get the same prompts and the same arrival seed, and the
-levels alternate between them so a slow patch of background load falls on both. Both get the same
-compute threads and KV cache memory (see `peer`).
+Every server is started here on loopback with the same model directory, compute threads and KV
+memory, and measured alone on the machine: one after another, each started, warmed up, run
+through every concurrency level and stopped before the next starts. Each level (a cell) has its
+own prompt seed, so no cell can hit a prefix cached by an earlier one, and every server gets the
+same prompts per cell. tailrace goes first: its /tokenize sizes the prompts for all of them.
 """
 
 from __future__ import annotations
@@ -15,38 +15,67 @@ import shutil
 import signal
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailrace.bench.peer import (PEER_NAME, ensure_peer_venv, peer_command, peer_env, peer_exact_length_body,
-                                 peer_kv_blocks)
+from tailrace.bench.peers import PeerServer, PeerSettings, llamacpp, transformers, vllm
+from tailrace.bench.peers.install import PEERS_DIR
+from tailrace.bench.prompts import DEFAULT_TOKENS_PER_WORD, make_prompts
 from tailrace.bench.records import LevelResult
-from tailrace.bench.report import format_comparison, summarize
-from tailrace.bench.serve import (BenchError, LoadConfig, build_workload, first_model, open_client, run_level,
+from tailrace.bench.report import format_comparison, format_level_line, summarize
+from tailrace.bench.serve import (BenchError, LoadConfig, Workload, calibrate, first_model, open_client, run_level,
                                   warm_up)
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
-from tailrace.engine.config import EngineConfig
+from tailrace.bench.shapes import SHAPES, write_shape
+from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 
 OURS = "tailrace"
+PEERS = {peer.NAME: peer for peer in (transformers, vllm, llamacpp)}
 SNAPSHOT_TRIES = 3
+CONTEXT_SPARE = 256  # tokens of a sequence beyond prompt and answer: chat template, prompt length estimate
 
 
 @dataclass(slots=True)
 class CompareConfig:
-    model_dir: str
     load: LoadConfig  # the shared load; base_url and model are set per server
-    peer_venv: Path
-    threads: int | None = None  # compute threads of each server; None: tailrace's default
-    ready_timeout_s: float = 600.0
+    peers: list[str] = field(default_factory=lambda: [transformers.NAME])
+    model_dir: str | None = None  # None: the shape's directory, or else the embedded model
+    shape: str | None = None  # a name in shapes.SHAPES
+    threads: int | None = None  # compute threads of each server; None: all cores but one
+    dtype: str = "float32"
+    peer_quant: str | None = None  # llama.cpp's weights: Q8_0 or Q4_0
+    ours_args: list[str] = field(default_factory=list)  # more `tailrace serve` flags
+    peers_dir: Path = PEERS_DIR
+    ready_timeout_s: float = 900.0
 
     @property
     def server_threads(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 2) - 1)
 
 
+@dataclass(slots=True)
+class Cells:
+    """The prompts of the warm-up and of each concurrency level, the same for every server."""
+    warm_up: str
+    levels: list[Workload]
+
+
+def cell_seed(seed: int, cell: int) -> int:
+    """Distinct for every cell of every run seed; cell 0 is the warm-up."""
+    return seed * 1000 + cell
+
+
+def make_cells(load: LoadConfig, tokens_per_word: float, calibrated: bool) -> Cells:
+    warm = make_prompts(1, load.input_len, cell_seed(load.seed, 0), tokens_per_word)[0]
+    levels = [Workload(make_prompts(load.num_prompts, load.input_len, cell_seed(load.seed, i + 1), tokens_per_word),
+                       tokens_per_word, calibrated) for i in range(len(load.concurrency))]
+    return Cells(warm, levels)
+
+
 def snapshot(source: str, destination: Path) -> str:
-    """A copy of the model directory taken while no file in it changed."""
+    """A copy of the model directory taken while no file in it changed (the embedded model is
+    re-exported while it trains); copies keep their modification times."""
     for _ in range(SNAPSHOT_TRIES):
         before = _mtimes(Path(source))
         shutil.copytree(source, destination, dirs_exist_ok=True,
@@ -60,51 +89,92 @@ def _mtimes(directory: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in directory.iterdir() if p.is_file()}
 
 
+def ours_server(config: CompareConfig, settings: PeerSettings) -> PeerServer:
+    command = [sys.executable, "-m", "tailrace", "serve", settings.model_dir, "--host", "127.0.0.1",
+               "--port", str(settings.port), "--threads", str(settings.threads),
+               "--kv-cache-memory-gb", str(settings.kv_cache_gb), "--dtype", settings.dtype, *config.ours_args]
+    return PeerServer(command, dict(os.environ), model="")  # the model is the one it lists
+
+
+def peer_settings(config: CompareConfig, model_dir: str) -> PeerSettings:
+    return PeerSettings(model_dir=model_dir, port=free_port(), threads=config.server_threads,
+                        kv_cache_gb=EngineConfig().kv_cache_memory_gb, max_num_seqs=max(config.load.concurrency),
+                        max_model_len=config.load.input_len + config.load.output_len + CONTEXT_SPARE,
+                        dtype=config.dtype, quant=config.peer_quant)
+
+
 def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[LevelResult]]]:
-    """(run metadata, levels by server label); prints each level's table as it completes."""
-    executable = ensure_peer_venv(config.peer_venv)
-    # A plain SIGTERM would end this process without unwinding, leaving both servers running.
+    """(run metadata, levels by server name); prints each server's levels, then the ratio tables."""
+    for name in config.peers:
+        PEERS[name].ensure_installed(config.peers_dir / name)
+    # A plain SIGTERM would end this process without unwinding, leaving a server running.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         with tempfile.TemporaryDirectory(prefix="tailrace-compare-") as tmp:
-            model_dir = snapshot(config.model_dir, Path(tmp) / Path(config.model_dir).name)
-            ours_port, peer_port = free_port(), free_port()
-            threads, kv_gb = config.server_threads, EngineConfig().kv_cache_memory_gb
-            ours_command = [sys.executable, "-m", "tailrace", "serve", model_dir, "--host", "127.0.0.1",
-                            "--port", str(ours_port), "--threads", str(threads), "--kv-cache-memory-gb", str(kv_gb)]
-            peer_args = peer_command(executable, model_dir, peer_port, peer_kv_blocks(model_dir, kv_gb))
-            with ServerProcess(OURS, ours_command, f"http://127.0.0.1:{ours_port}", Path(tmp) / "ours.log") as ours, \
-                 ServerProcess(PEER_NAME, peer_args, f"http://127.0.0.1:{peer_port}", Path(tmp) / "peer.log",
-                               env=peer_env(threads)) as peer:
-                print(f"waiting for {OURS} at {ours.url} and {PEER_NAME} at {peer.url} "
-                      f"({threads} compute threads and {kv_gb:g} GiB of KV cache each) ...", flush=True)
-                wait_ready([ours, peer], config.ready_timeout_s)
-                return asyncio.run(_measure(config, ours.url, peer.url, model_dir))
+            model_dir = _model_dir(config, Path(tmp))
+            runs: dict[str, list[LevelResult]] = {}
+            servers: dict[str, dict[str, Any]] = {}
+            cells: Cells | None = None
+            for name in [OURS, *config.peers]:
+                settings = peer_settings(config, model_dir)
+                server = (ours_server(config, settings) if name == OURS
+                          else PEERS[name].launch(config.peers_dir / name, settings))
+                load = _server_load(config.load, settings.port, server)
+                runs[name], cells, servers[name] = _run_alone(name, server, load, cells, Path(tmp),
+                                                              config.ready_timeout_s)
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-async def _measure(config: CompareConfig, ours_url: str, peer_url: str,
-                   model_dir: str) -> tuple[dict[str, Any], dict[str, list[LevelResult]]]:
-    ours_load = replace(config.load, base_url=ours_url, model=None)
-    peer_load = replace(config.load, base_url=peer_url, model=model_dir, exact_length=False,
-                        extra_body=peer_exact_length_body(config.load.temperature))
-    runs: dict[str, list[LevelResult]] = {OURS: [], PEER_NAME: []}
-    async with open_client(ours_load) as ours, open_client(peer_load) as peer:
-        ours_load.model = await first_model(ours, ours_load)
-        # Prompts are sized with tailrace's /tokenize (same tokenizer files), then sent to both.
-        workload = await build_workload(ours, ours_load, ours_load.model)
-        await warm_up(ours, ours_load, ours_load.model, workload.prompts[0])
-        await warm_up(peer, peer_load, model_dir, workload.prompts[0])
-        for concurrency in config.load.concurrency:
-            runs[OURS].append(await run_level(ours, ours_load, ours_load.model, workload, concurrency, f"{OURS} "))
-            runs[PEER_NAME].append(await run_level(peer, peer_load, model_dir, workload, concurrency,
-                                                   f"{PEER_NAME} "))
-            print(format_comparison(summarize(runs[OURS][-1]), summarize(runs[PEER_NAME][-1]), (OURS, PEER_NAME)),
-                  flush=True)
-    meta = {"config": {**asdict(config.load), "api_key": None, "base_url": None, "model": config.model_dir,
-                       "threads": config.server_threads},
-            "servers": {OURS: {"url": ours_url, "extra_body": {}, "exact_length": True},
-                        PEER_NAME: {"url": peer_url, "extra_body": peer_load.extra_body, "exact_length": False}},
-            "tokens_per_word": workload.tokens_per_word, "calibrated": workload.calibrated}
+    for level in range(len(config.load.concurrency)):
+        print(format_comparison({name: summarize(levels[level]) for name, levels in runs.items()}, OURS), flush=True)
+    meta = {"config": {**asdict(config.load), "api_key": None, "base_url": None, "model": None},
+            "model_dir": config.model_dir, "shape": config.shape, "threads": config.server_threads,
+            "dtype": config.dtype, "peer_quant": config.peer_quant, "ours_args": config.ours_args,
+            "servers": servers, "tokens_per_word": cells.levels[0].tokens_per_word if cells else None,
+            "calibrated": cells.levels[0].calibrated if cells else False,
+            "cell_seeds": [cell_seed(config.load.seed, i + 1) for i in range(len(config.load.concurrency))]}
     return meta, runs
+
+
+def _model_dir(config: CompareConfig, tmp: Path) -> str:
+    if config.shape:
+        return str(write_shape(SHAPES[config.shape]))  # ours, written once: nothing changes it
+    source = config.model_dir or EMBEDDED_MODEL
+    return snapshot(source, tmp / Path(source).name)
+
+
+def _server_load(load: LoadConfig, port: int, server: PeerServer) -> LoadConfig:
+    return LoadConfig(**{**asdict(load), "base_url": f"http://127.0.0.1:{port}", "model": server.model or None,
+                         "exact_length": server.exact_length, "extra_body": {**load.extra_body, **server.extra_body}})
+
+
+def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | None, tmp: Path,
+               ready_timeout_s: float) -> tuple[list[LevelResult], Cells, dict[str, Any]]:
+    """Start one server, measure it at every level, stop it: (levels, cells, what it was)."""
+    load_before = os.getloadavg()
+    print(f"{name}: starting ({' '.join(server.command[:3])} ...); load average {_loads(load_before)}", flush=True)
+    with ServerProcess(name, server.command, load.base_url, tmp / f"{name}.log", env=server.env) as process:
+        wait_ready([process], ready_timeout_s)
+        levels, cells = asyncio.run(_measure(name, load, cells))
+    for level in levels:
+        print(format_level_line(name, summarize(level)), flush=True)
+    load_after = os.getloadavg()
+    print(f"{name}: done; load average {_loads(load_after)}", flush=True)
+    info = {"command": server.command, "model": load.model, "exact_length": load.exact_length,
+            "extra_body": load.extra_body, "load_average_before": load_before, "load_average_after": load_after}
+    return levels, cells, info
+
+
+def _loads(averages: tuple[float, float, float]) -> str:
+    return " ".join(f"{a:.2f}" for a in averages) + " (1, 5, 15 min)"
+
+
+async def _measure(name: str, load: LoadConfig, cells: Cells | None) -> tuple[list[LevelResult], Cells]:
+    async with open_client(load) as client:
+        load.model = load.model or await first_model(client, load)
+        if cells is None:  # the first server sizes the prompts with its /tokenize
+            measured = await calibrate(client, load, load.model)
+            cells = make_cells(load, measured or DEFAULT_TOKENS_PER_WORD, measured is not None)
+        await warm_up(client, load, load.model, cells.warm_up)
+        levels = [await run_level(client, load, load.model, workload, concurrency, f"{name} ")
+                  for concurrency, workload in zip(load.concurrency, cells.levels)]
+    return levels, cells

@@ -136,31 +136,52 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def format_comparison(ours: LevelSummary, peer: LevelSummary, names: tuple[str, str]) -> str:
-    """Two servers' figures for one level side by side, with ours/peer ratios on the headline rows
-    (above 1 is better for throughput, below 1 for latencies)."""
-    rows = [
-        ("successful requests", ours.completed, peer.completed, False),
-        ("failed requests", ours.failed, peer.failed, False),
-        ("duration (s)", ours.duration_s, peer.duration_s, False),
-        ("request throughput (req/s)", ours.request_throughput, peer.request_throughput, False),
-        ("output tok/s", ours.output_throughput, peer.output_throughput, True),
-        ("total tok/s", ours.total_token_throughput, peer.total_token_throughput, False),
-        ("TTFT p50 (ms)", ours.ttft_ms.p50, peer.ttft_ms.p50, True),
-        ("TTFT p99 (ms)", ours.ttft_ms.p99, peer.ttft_ms.p99, False),
-        ("TPOT p50 (ms)", ours.tpot_ms.p50, peer.tpot_ms.p50, True),
-        ("TPOT p99 (ms)", ours.tpot_ms.p99, peer.tpot_ms.p99, False),
-        ("ITL p50 (ms)", ours.itl_ms.p50, peer.itl_ms.p50, True),
-        ("ITL p99 (ms)", ours.itl_ms.p99, peer.itl_ms.p99, False),
+HEADLINE = ("output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)", "ITL p50 (ms)")
+
+
+def comparison_rows(s: LevelSummary) -> list[tuple[str, float | int]]:
+    return [
+        ("successful requests", s.completed),
+        ("failed requests", s.failed),
+        ("duration (s)", s.duration_s),
+        ("request throughput (req/s)", s.request_throughput),
+        ("output tok/s", s.output_throughput),
+        ("total tok/s", s.total_token_throughput),
+        ("TTFT p50 (ms)", s.ttft_ms.p50),
+        ("TTFT p99 (ms)", s.ttft_ms.p99),
+        ("TPOT p50 (ms)", s.tpot_ms.p50),
+        ("TPOT p99 (ms)", s.tpot_ms.p99),
+        ("ITL p50 (ms)", s.itl_ms.p50),
+        ("ITL p99 (ms)", s.itl_ms.p99),
     ]
-    ratio_name = f"{names[0]}/{names[1]}"
-    lines = [f"--- concurrency {ours.concurrency} ---",
-             f"{'':<28}{names[0]:>14}{names[1]:>14}{ratio_name:>24}"]
-    for label, a, b, with_ratio in rows:
-        ratio = f"{a / b:.2f}" if with_ratio and b else ""
-        cells = [f"{v:>14d}" if isinstance(v, int) else f"{v:>14.2f}" for v in (a, b)]
-        lines.append(f"{label:<28}{cells[0]}{cells[1]}{ratio:>24}")
-    for name, s in zip(names, (ours, peer)):
+
+
+def format_comparison(summaries: dict[str, LevelSummary], ours: str) -> str:
+    """Every server's figures for one level side by side, with ours/peer ratios on the headline rows
+    (above 1 is better for throughput, below 1 for latencies)."""
+    peers = [name for name in summaries if name != ours]
+    rows = {name: comparison_rows(s) for name, s in summaries.items()}
+    ratio_names = [f"{ours}/{peer}" for peer in peers]
+    width = max(14, *(len(n) + 2 for n in [*summaries, *ratio_names]))
+    lines = [f"--- concurrency {summaries[ours].concurrency} ---",
+             f"{'':<28}" + "".join(f"{n:>{width}}" for n in [*summaries, *ratio_names])]
+    for i, (label, _) in enumerate(rows[ours]):
+        values = [rows[name][i][1] for name in summaries]
+        cells = [f"{v:>{width}d}" if isinstance(v, int) else f"{v:>{width}.2f}" for v in values]
+        ratios = [_ratio(rows[ours][i][1], rows[peer][i][1]) if label in HEADLINE else "" for peer in peers]
+        lines.append(f"{label:<28}" + "".join(cells) + "".join(f"{r:>{width}}" for r in ratios))
+    for name, s in summaries.items():
         if s.first_error:
             lines.append(f"{name} first error: {s.first_error[:300]}")
     return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else ""
+
+
+def format_level_line(name: str, s: LevelSummary) -> str:
+    """One level's headline figures on one line, as a server finishes it."""
+    return (f"{name} concurrency {s.concurrency}: {s.output_throughput:.2f} output tok/s, "
+            f"TTFT p50 {s.ttft_ms.p50:.1f} ms, TPOT p50 {s.tpot_ms.p50:.1f} ms, "
+            f"{s.completed} ok, {s.failed} failed")

@@ -1,0 +1,99 @@
+"""llama.cpp's `llama-server`, built from source, serving the model converted to GGUF.
+
+No registry ships a prebuilt server, but the `llama-cpp-python` source distribution carries the
+whole llama.cpp tree (vendor/llama.cpp). From it: cmake builds `llama-server` and `llama-quantize`
+(about 10 minutes on 2 cores), and its `convert_hf_to_gguf.py` turns the model directory into a
+GGUF, in a small environment of its own (torch, numpy, sentencepiece, transformers and the tree's
+gguf-py). GGUFs are cached per model directory contents and output type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+from tailrace.bench.peers import PeerServer, PeerSettings, offline_env
+from tailrace.bench.peers.install import is_installed, make_venv, mark_installed, start_install, step
+
+NAME = "llamacpp"
+VERSION = "0.3.36"  # of llama-cpp-python, whose sdist carries the llama.cpp tree
+# The converter's own requirements file pins transformers 4.57.6; torch comes from the local CPU wheel.
+CONVERT_REQUIREMENTS = (("torch==2.13.0",), ("numpy", "sentencepiece", "protobuf", "transformers==4.57.6"))
+PINS = {"llama-cpp-python": VERSION, "convert": CONVERT_REQUIREMENTS}
+CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
+               "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
+OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
+QUANTS = ("Q8_0", "Q4_0")
+CONVERT_WRAPPER = Path(__file__).with_name("llamacpp_convert.py")
+
+
+def tree(directory: Path) -> Path:
+    return directory / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+
+
+def binary(directory: Path, name: str) -> Path:
+    return directory / "build" / "bin" / name
+
+
+def ensure_installed(directory: Path) -> None:
+    if is_installed(directory, PINS):
+        return
+    start_install(directory)
+    step(NAME, f"pip download llama-cpp-python=={VERSION} (source)",
+         [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+          "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", str(directory)])
+    print(f"{NAME}: unpacking the source", flush=True)
+    with tarfile.open(directory / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
+        archive.extractall(directory, filter="data")
+    step(NAME, "cmake configure", ["cmake", "-S", str(tree(directory)), "-B", str(directory / "build"), *CMAKE_FLAGS])
+    step(NAME, "cmake build llama-server llama-quantize (about 10 minutes on 2 cores)",
+         ["cmake", "--build", str(directory / "build"), "--target", "llama-server", "llama-quantize", "-j2"])
+    make_venv(NAME, directory / "convert-venv", (*CONVERT_REQUIREMENTS, (str(tree(directory) / "gguf-py"),)))
+    mark_installed(directory, PINS)
+
+
+def model_key(model_dir: Path) -> str:
+    """Names the model directory's contents: file names, sizes and modification times (a snapshot
+    copied with its times keeps the key of its source, so a copy is converted once)."""
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.iterdir() if p.is_file())
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
+
+
+def gguf_path(directory: Path, model_dir: Path, kind: str) -> Path:
+    return directory / "gguf" / f"{model_dir.name}-{model_key(model_dir)}-{kind}.gguf"
+
+
+def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None) -> Path:
+    """The model as GGUF at `dtype`, quantized to `quant` from there when given; made once."""
+    outtype = OUTTYPES[dtype]
+    converted = gguf_path(directory, model_dir, outtype)
+    if not converted.exists():
+        converted.parent.mkdir(exist_ok=True)
+        partial = converted.with_suffix(".partial")
+        step(NAME, f"converting {model_dir} to {converted.name}",
+             [str(directory / "convert-venv" / "bin" / "python"), str(CONVERT_WRAPPER), str(tree(directory)),
+              str(model_dir), "--outtype", outtype, "--outfile", str(partial)])
+        partial.rename(converted)  # only a whole file counts as cached
+    if quant is None:
+        return converted
+    quantized = gguf_path(directory, model_dir, f"{outtype}-{quant}")
+    if not quantized.exists():
+        partial = quantized.with_suffix(".partial")
+        step(NAME, f"quantizing to {quant}",
+             [str(binary(directory, "llama-quantize")), str(converted), str(partial), quant])
+        partial.rename(quantized)
+    return quantized
+
+
+def launch(directory: Path, settings: PeerSettings) -> PeerServer:
+    gguf = ensure_gguf(directory, Path(settings.model_dir), settings.dtype, settings.quant)
+    # -np slots share the context -c, so each slot gets max_model_len tokens; --jinja applies the
+    # chat template the converter copied into the GGUF.
+    command = [str(binary(directory, "llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
+               "--port", str(settings.port), "-np", str(settings.max_num_seqs),
+               "-c", str(settings.max_num_seqs * settings.max_model_len), "-t", str(settings.threads),
+               "--jinja", "--alias", gguf.stem]
+    return PeerServer(command, offline_env(), model=gguf.stem)

@@ -1,0 +1,131 @@
+"""Model directories of public models' shapes, with seeded random weights, for benchmarks.
+
+Every server of a comparison must read the same weights, and llama.cpp reads only a GGUF converted
+from real files, so a shape is written out in full (config.json, generation_config.json, weights as
+safetensors) rather than served with `--load-format dummy`. The tokenizer is the embedded model's:
+its vocabulary is smaller than the shape's, which the servers accept (the converter pads the rest
+with [PAD] tokens). The embedding rows past the tokenizer's last id are zero (the embeddings are
+tied), so those ids score 0 against the spread of the real tokens' scores and greedy decoding always
+picks a token the tokenizer can turn into text: a stream of undecodable ids has no content to time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tailrace.engine.config import EMBEDDED_MODEL
+
+SHAPES_DIR = Path(__file__).resolve().parents[2] / "bench" / ".shapes"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+STAMP = ".tailrace-shape"
+INIT_STD = 0.02  # of every matrix, as Llama's initializer_range
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_parameters: dict[str, Any]
+
+
+SHAPES = {shape.name: shape for shape in (
+    Shape("smollm2-135m", hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+          head_dim=64, intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+          rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    Shape("llama-3.2-1b", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+          head_dim=64, intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+)}
+
+
+def shape_config(shape: Shape, tokenizer_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a float32 Llama of `shape`; special token ids come from the tokenizer's model."""
+    fields = {k: v for k, v in asdict(shape).items() if k != "name"}
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float32",
+        **fields, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "attention_bias": False, "mlp_bias": False, "initializer_range": INIT_STD, "use_cache": True,
+        "bos_token_id": tokenizer_config["bos_token_id"], "eos_token_id": tokenizer_config["eos_token_id"],
+        "pad_token_id": tokenizer_config.get("pad_token_id"),
+    }
+
+
+def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
+    """Every weight of a Llama with tied embeddings, by its Hugging Face name."""
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
+    tensors: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, shape.hidden_size),
+                                           "model.norm.weight": (shape.hidden_size,)}
+    for i in range(shape.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        tensors |= {
+            prefix + "input_layernorm.weight": (shape.hidden_size,),
+            prefix + "post_attention_layernorm.weight": (shape.hidden_size,),
+            prefix + "self_attn.q_proj.weight": (q, shape.hidden_size),
+            prefix + "self_attn.k_proj.weight": (kv, shape.hidden_size),
+            prefix + "self_attn.v_proj.weight": (kv, shape.hidden_size),
+            prefix + "self_attn.o_proj.weight": (shape.hidden_size, q),
+            prefix + "mlp.gate_proj.weight": (shape.intermediate_size, shape.hidden_size),
+            prefix + "mlp.up_proj.weight": (shape.intermediate_size, shape.hidden_size),
+            prefix + "mlp.down_proj.weight": (shape.hidden_size, shape.intermediate_size),
+        }
+    return tensors
+
+
+def tokenizer_size(tokenizer_json: Path) -> int:
+    """One past the highest id the tokenizer can produce, added tokens included."""
+    tokenizer = json.loads(tokenizer_json.read_text())
+    ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer.get("added_tokens", []))]
+    return max(ids) + 1
+
+
+def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]:
+    """Seeded per tensor name, so a tensor's values do not depend on the others; norms are ones."""
+    import torch
+
+    weights = {}
+    for name, size in tensor_shapes(shape).items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(size)
+            continue
+        generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
+        weights[name] = torch.randn(size, generator=generator) * INIT_STD
+    weights["model.embed_tokens.weight"][known_tokens:] = 0.0
+    return weights
+
+
+def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_dir: str = EMBEDDED_MODEL) -> Path:
+    """The model directory of `shape` under `root`, written on first use and reused after."""
+    from safetensors.torch import save_file
+
+    source = Path(tokenizer_dir)
+    config = shape_config(shape, json.loads((source / "config.json").read_text()))
+    stamp = json.dumps({"config": config, "seed": seed})
+    directory = root / shape.name
+    if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
+        return directory
+    print(f"writing the {shape.name} shape with random weights (seed {seed}) into {directory}", flush=True)
+    partial = root / f"{shape.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, partial / name)
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
+    save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    (partial / STAMP).write_text(stamp)
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)  # only a whole directory counts as written
+    return directory

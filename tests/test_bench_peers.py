@@ -1,0 +1,236 @@
+"""`tailrace bench compare`'s peers and shapes: each peer's command line and environment, the
+install stamps, the benchmark shapes' config and weights, per-cell prompts and the ratio table.
+Nothing here installs a peer or starts a server."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from tailrace.bench import cli, compare, shapes
+from tailrace.bench.compare import CompareConfig, make_cells, ours_server, peer_settings
+from tailrace.bench.peers import PeerSettings, llamacpp, transformers, vllm
+from tailrace.bench.peers.install import is_installed, mark_installed, start_install
+from tailrace.bench.records import LevelResult, RequestRecord
+from tailrace.bench.report import format_comparison, summarize
+from tailrace.bench.serve import LoadConfig
+from tailrace.engine.config import EMBEDDED_MODEL
+
+
+def settings(**changes: object) -> PeerSettings:
+    values = dict(model_dir=EMBEDDED_MODEL, port=8123, threads=1, kv_cache_gb=0.5, max_num_seqs=32,
+                  max_model_len=512)
+    return PeerSettings(**{**values, **changes})
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+# --- install stamps ---
+
+def test_a_directory_counts_as_installed_only_with_the_same_pins(tmp_path: Path):
+    assert not is_installed(tmp_path, {"a": "1"})
+    mark_installed(tmp_path, {"a": "1"})
+    assert is_installed(tmp_path, {"a": "1"})
+    assert not is_installed(tmp_path, {"a": "2"})
+
+
+def test_a_fresh_install_starts_from_an_empty_directory(tmp_path: Path):
+    directory = tmp_path / "peer"
+    directory.mkdir()
+    (directory / "left-over").write_text("old")
+    mark_installed(directory, ["old pin"])
+    start_install(directory)
+    assert directory.is_dir() and list(directory.iterdir()) == []
+
+
+def test_an_installed_peer_runs_no_set_up_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(llamacpp, "step", lambda *args, **kwargs: pytest.fail("set-up step ran"))
+    mark_installed(tmp_path, llamacpp.PINS)
+    llamacpp.ensure_installed(tmp_path)
+
+
+# --- command lines and environments ---
+
+def test_transformers_gets_the_model_threads_and_kv_blocks_and_no_unknown_fields():
+    server = transformers.launch(Path("/peers/transformers"), settings(threads=3, dtype="bfloat16"))
+    assert server.command[:3] == ["/peers/transformers/venv/bin/transformers", "serve", EMBEDDED_MODEL]
+    assert flag(server.command, "--port") == "8123" and flag(server.command, "--dtype") == "bfloat16"
+    assert int(flag(server.command, "--cb-num-blocks")) == transformers.kv_blocks(EMBEDDED_MODEL, 0.5)
+    assert server.env["OMP_NUM_THREADS"] == "3" and server.env["HF_HUB_OFFLINE"] == "1"
+    assert server.model == EMBEDDED_MODEL and server.exact_length is False
+    assert json.loads(server.extra_body["generation_config"]) == {"eos_token_id": -1, "do_sample": False}
+
+
+def test_vllm_is_started_through_its_entry_point_with_the_cpu_settings():
+    server = vllm.launch(Path("/peers/vllm"), settings(kv_cache_gb=0.5))
+    assert server.command[0] == "/peers/vllm/venv/bin/python" and "vllm.entrypoints.cli.main" in server.command[2]
+    assert server.command[3:5] == ["serve", EMBEDDED_MODEL]
+    assert flag(server.command, "--max-num-seqs") == "32" and flag(server.command, "--max-model-len") == "512"
+    assert flag(server.command, "--dtype") == "float32"
+    assert server.env["VLLM_USE_AOT_COMPILE"] == "0"
+    assert server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # whole GiB, at least one
+    assert server.model == EMBEDDED_MODEL and server.exact_length is True
+
+
+def test_vllm_binds_compute_to_all_cores_but_one_by_itself_and_to_the_first_cores_otherwise(
+        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert vllm.thread_binding(3) == "auto"
+    assert vllm.thread_binding(2) == "0-1"
+
+
+def test_vllm_answers_to_its_own_name_with_the_cpu_suffix(tmp_path: Path):
+    vllm.write_version_alias(tmp_path)
+    metadata = (tmp_path / "vllm-0.32.0+cpu.dist-info" / "METADATA").read_text()
+    assert "Name: vllm\n" in metadata and "Version: 0.32.0+cpu\n" in metadata
+
+
+def test_llamacpp_serves_the_cached_gguf_with_a_slot_per_sequence(tmp_path: Path):
+    model = Path(EMBEDDED_MODEL)
+    gguf = llamacpp.gguf_path(tmp_path, model, "f32")
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")  # cached: no conversion
+    server = llamacpp.launch(tmp_path, settings(threads=2))
+    assert server.command[0] == str(tmp_path / "build" / "bin" / "llama-server")
+    assert flag(server.command, "-m") == str(gguf)
+    assert flag(server.command, "-np") == "32" and flag(server.command, "-c") == str(32 * 512)
+    assert flag(server.command, "-t") == "2" and "--jinja" in server.command
+    assert server.model == gguf.stem == flag(server.command, "--alias")
+
+
+def test_llamacpp_quantizes_from_the_converted_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    model = Path(EMBEDDED_MODEL)
+    converted = llamacpp.gguf_path(tmp_path, model, "f32")
+    converted.parent.mkdir()
+    converted.write_bytes(b"GGUF")
+    steps = []
+
+    def fake_step(peer: str, what: str, command: list[str]) -> None:
+        steps.append(command)
+        Path(command[2]).write_bytes(b"GGUF")  # llama-quantize IN OUT TYPE
+
+    monkeypatch.setattr(llamacpp, "step", fake_step)
+    first = llamacpp.ensure_gguf(tmp_path, model, "float32", "Q4_0")
+    again = llamacpp.ensure_gguf(tmp_path, model, "float32", "Q4_0")
+    assert first == again and first.name.endswith("-f32-Q4_0.gguf") and first.exists()
+    assert len(steps) == 1 and steps[0][1] == str(converted) and steps[0][3] == "Q4_0"
+
+
+def test_gguf_cache_key_follows_the_model_files(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    before = llamacpp.model_key(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    assert llamacpp.model_key(tmp_path) != before
+
+
+def test_tailrace_gets_the_same_settings_and_passes_our_own_flags():
+    config = CompareConfig(load=LoadConfig(concurrency=[1, 8]), ours_args=["--quantization", "int8"])
+    server = ours_server(config, settings(threads=1, kv_cache_gb=0.5))
+    assert flag(server.command, "--threads") == "1" and flag(server.command, "--kv-cache-memory-gb") == "0.5"
+    assert server.command[-2:] == ["--quantization", "int8"]
+
+
+def test_peer_settings_size_slots_and_context_from_the_load():
+    config = CompareConfig(load=LoadConfig(concurrency=[1, 8, 32], input_len=128, output_len=128), threads=2,
+                           peer_quant="Q8_0")
+    s = peer_settings(config, "/m")
+    assert (s.max_num_seqs, s.threads, s.quant) == (32, 2, "Q8_0")
+    assert s.max_model_len >= 256
+
+
+# --- shapes ---
+
+def test_smollm2_shape_config_is_the_public_models_shape():
+    config = shapes.shape_config(shapes.SHAPES["smollm2-135m"], {"bos_token_id": 0, "eos_token_id": 2})
+    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                   "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings")} == {
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192}
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
+    assert config["tie_word_embeddings"] is True and config["dtype"] == "float32"
+    assert config["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_llama_3_2_1b_shape_config_has_llama3_rope_scaling():
+    config = shapes.shape_config(shapes.SHAPES["llama-3.2-1b"], {"bos_token_id": 0, "eos_token_id": 2})
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (2048, 16, 8192)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (32, 8, 64)
+    assert config["vocab_size"] == 128256 and config["tie_word_embeddings"] is True
+    assert config["rope_parameters"] == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}
+
+
+def test_shape_tensors_add_up_to_the_public_parameter_counts():
+    def count(name: str) -> int:
+        return sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES[name]).values())
+    assert count("smollm2-135m") == 134_515_008
+    assert count("llama-3.2-1b") == 1_235_814_400
+
+
+TINY = shapes.Shape("tiny", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                    head_dim=8, intermediate_size=32, vocab_size=8300, max_position_embeddings=256,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def test_written_shape_has_seeded_weights_tokenizer_and_zero_rows_past_the_tokenizer(tmp_path: Path):
+    directory = shapes.write_shape(TINY, tmp_path, seed=3)
+    again = shapes.write_shape(TINY, tmp_path / "other", seed=3)
+    known = shapes.tokenizer_size(directory / "tokenizer.json")
+    assert json.loads((directory / "config.json").read_text())["vocab_size"] == 8300 > known
+    assert (directory / "tokenizer.json").read_bytes() == (Path(EMBEDDED_MODEL) / "tokenizer.json").read_bytes()
+    with safe_open(directory / "model.safetensors", "pt") as a, safe_open(again / "model.safetensors", "pt") as b:
+        assert set(a.keys()) == set(shapes.tensor_shapes(TINY))
+        embed = a.get_tensor("model.embed_tokens.weight")
+        assert embed[known:].abs().sum() == 0 and embed[:known].abs().sum() > 0
+        assert all((a.get_tensor(k) == b.get_tensor(k)).all() for k in a.keys())
+
+
+def test_a_written_shape_is_reused_and_rewritten_when_its_seed_changes(tmp_path: Path):
+    directory = shapes.write_shape(TINY, tmp_path, seed=0)
+    written = (directory / "model.safetensors").stat().st_mtime_ns
+    assert shapes.write_shape(TINY, tmp_path, seed=0) == directory
+    assert (directory / "model.safetensors").stat().st_mtime_ns == written
+    shapes.write_shape(TINY, tmp_path, seed=1)
+    assert json.loads((directory / shapes.STAMP).read_text())["seed"] == 1
+
+
+def test_the_cli_lists_every_peer_and_shape():
+    assert set(cli.PEER_NAMES) == set(compare.PEERS)
+    assert set(cli.SHAPE_NAMES) == set(shapes.SHAPES)
+
+
+# --- cells and the ratio table ---
+
+def test_every_cell_has_its_own_prompts_and_the_same_ones_on_every_call():
+    load = LoadConfig(concurrency=[1, 8, 32], num_prompts=4, seed=5)
+    cells = make_cells(load, 1.3, True)
+    prompts = [cells.warm_up, *(p for level in cells.levels for p in level.prompts)]
+    assert len(set(prompts)) == len(prompts) == 1 + 3 * 4
+    assert make_cells(load, 1.3, True) == cells
+    assert make_cells(LoadConfig(concurrency=[1, 8, 32], num_prompts=4, seed=6), 1.3, True).levels[0] != cells.levels[0]
+
+
+def level(concurrency: int, duration: float, ttft: float, gap: float) -> LevelResult:
+    record = RequestRecord(index=0, prompt_tokens=10, ok=True, ttft=ttft, itl=[gap] * 9, e2e=ttft + 9 * gap,
+                           output_tokens=10, content_chunks=10)
+    return LevelResult(concurrency, math.inf, duration, [record])
+
+
+def test_ratio_table_divides_ours_by_each_peer_on_headline_rows():
+    table = format_comparison({"tailrace": summarize(level(8, 1.0, 0.1, 0.01)),
+                               "vllm": summarize(level(8, 2.0, 0.2, 0.02)),
+                               "llamacpp": summarize(level(8, 0.5, 0.05, 0.04))}, "tailrace")
+    header = table.splitlines()[1].split()
+    assert header == ["tailrace", "vllm", "llamacpp", "tailrace/vllm", "tailrace/llamacpp"]
+    rows = {line[:28].strip(): line[28:].split() for line in table.splitlines()[2:]}
+    assert rows["output tok/s"][3:] == ["2.00", "0.50"]
+    assert rows["TTFT p50 (ms)"][3:] == ["0.50", "2.00"]
+    assert rows["TPOT p50 (ms)"][3:] == ["0.50", "0.25"]
+    assert len(rows["TTFT p99 (ms)"]) == 3  # no ratio off the headline rows
