@@ -3,12 +3,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFReader, GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
 from gguf_writer import llama_permute, write_gguf
 
 from tailrace.model.gguf_quant import (
-    decode_int4, decode_q8_0_halves, quantized_linear, unpermute_rotary_rows, use_gguf_blocks,
+    decode_int4, decode_q8_0_halves, quantized_linear, stacked_linear, unpermute_rotary_rows,
+    use_gguf_blocks,
 )
 from tailrace.model.llama import Linear
 from tailrace.model.loader import load_model
@@ -77,18 +78,29 @@ def test_unpermuting_raw_rows_undoes_llama_cpp_rotary_permute() -> None:
                           quantize(weight, Q.Q4_0))
 
 
-def test_reader_tensor_decodes_as_written(tmp_path) -> None:
-    raw, path = _raw(Q.Q4_1), str(tmp_path / "w.gguf")
+def _read_back(path: str, tensors: dict[str, tuple[Q, np.ndarray]]) -> dict[str, ReaderTensor]:
     writer = GGUFWriter(path, "llama")
-    writer.add_tensor("w", raw, raw_dtype=Q.Q4_1)
+    for name, (tensor_type, raw) in tensors.items():
+        writer.add_tensor(name, raw, raw_dtype=tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tensor = GGUFReader(path).tensors[0]
+    return {tensor.name: tensor for tensor in GGUFReader(path).tensors}
+
+
+def test_reader_tensor_decodes_as_written(tmp_path) -> None:
+    raw = _raw(Q.Q4_1)
+    tensor = _read_back(str(tmp_path / "w.gguf"), {"w": (Q.Q4_1, raw)})["w"]
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     read, written = (decode_int4(Q.Q4_1, data, shape) for data in (tensor.data, raw))
     assert all(torch.equal(a, b) for a, b in zip(read, written))
+
+
+def test_parts_of_different_types_stay_unstacked(tmp_path) -> None:
+    parts = _read_back(str(tmp_path / "w.gguf"), {"blk.0.attn_k.weight": (Q.Q4_0, _raw(Q.Q4_0)),
+                                                  "blk.0.attn_v.weight": (Q.Q8_0, _raw(Q.Q8_0))})
+    assert stacked_linear(list(parts.values()), {}, None) is None
 
 
 def test_type_without_block_mapping_returns_none() -> None:

@@ -36,6 +36,7 @@ from tailrace.model.quant import INT4_GROUP_SIZE, Int4Linear, int4_packable
 
 # Codes, scales and zeros as `Int4Linear` takes them: q [out, in] in 0..15, the rest [out, in / 32].
 Int4Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
 _K_SCALE_BYTES = 12  # Q4_K's 6-bit scales and mins of its 8 sub-blocks
 # A layer's projection -> the GGUF tensors whose rows it stacks, in order.
 _PROJECTION_PARTS = {
@@ -69,23 +70,24 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = getattr(layer, block)
             bias = getattr(parent, name).bias
-            module = _from_parts([tensors[f"blk.{i}.{part}.weight"] for part in parts], rotary_heads,
+            module = stacked_linear([tensors[f"blk.{i}.{part}.weight"] for part in parts], rotary_heads,
                                  None if bias is None else bias.detach())
             if module is not None:
                 setattr(parent, name, module)
                 replaced.append(f"model.layers.{i}.{block}.{name}")
-    head = _from_parts([tensors.get("output.weight", tensors["token_embd.weight"])], rotary_heads, None)
+    head = stacked_linear([tensors.get("output.weight", tensors["token_embd.weight"])], rotary_heads, None)
     if head is not None:
         model.lm_head = head
         replaced.append("lm_head")
     return replaced
 
 
-def _from_parts(parts: list[ReaderTensor], rotary_heads: dict[str, int],
+def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
                 bias: torch.Tensor | None) -> Int4Linear | SplitInt8Linear | None:
     """One projection over the parts' rows stacked: rows are independent in every block format, so
-    stacking raw rows is exact, as long as the parts share one type."""
-    if len({part.tensor_type for part in parts}) != 1:
+    stacking raw rows is exact, as long as the parts share one mapped type (else None). A Q4_K_M
+    file's Q6_K attn_v, for one, leaves its fused qkv_proj in float."""
+    if len({part.tensor_type for part in parts}) != 1 or parts[0].tensor_type not in MAPPED_TYPES:
         return None
     rows = []
     for part in parts:
@@ -109,7 +111,7 @@ def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],
                      bias: torch.Tensor | None = None) -> Int4Linear | SplitInt8Linear | None:
     """The projection for a GGUF weight of `shape` (out, in) from its raw bytes; None when its type
     has no block-for-block mapping or its shape does not fit the int4 kernel (load it as float)."""
-    if tensor_type not in (*_INT4_DECODERS, Q.Q8_0) or not int4_packable(torch.empty(shape, device="meta")):
+    if tensor_type not in MAPPED_TYPES or not int4_packable(torch.empty(shape, device="meta")):
         return None
     if tensor_type == Q.Q8_0:
         return SplitInt8Linear(Int4Linear(*decode_q8_0_halves(raw, shape), bias))
