@@ -54,23 +54,32 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_tiny_checkpoint(tmp_path_factory.mktemp("e2e-tiny")))
 
 
-@pytest.fixture(scope="session")
-def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
-    global _server_log
+def serving(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run `tailrace serve ARGS` on a free port (with `env` added to this environment), yield its URL
+    once /health is 200, and stop it when resumed."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
-    command = [sys.executable, "-m", "tailrace", "serve", model_dir, "--host", "127.0.0.1", "--port", str(port),
-               "--api-key", API_KEY, "--served-model-name", MODEL, "--max-num-seqs", str(MAX_NUM_SEQS)]
+    command = [sys.executable, "-m", "tailrace", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    _server_log = log_path
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                   env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(process, url, log_path)
         yield url
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
+    global _server_log
+    log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
+    _server_log = log_path
+    try:
+        yield from serving([model_dir, "--api-key", API_KEY, "--served-model-name", MODEL,
+                            "--max-num-seqs", str(MAX_NUM_SEQS)], log_path)
+    finally:
         _server_log = None
 
 

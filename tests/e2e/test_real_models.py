@@ -15,40 +15,26 @@ import pytest
 from gguf_writer import write_gguf
 from hub_cache import add_to_cache
 
-from e2e.conftest import MODEL, REPO_ROOT, _stop, _wait_healthy, free_port
+from e2e.conftest import MODEL, REPO_ROOT, free_port, serving
 
 PROMPTS = ["The list type", "json.dumps", "If the file does not exist,"]
 MESSAGES = [{"role": "user", "content": "What does os.path.join do?"}]
 OVERRIDE = "{% for m in messages %}Q: {{ m['content'] }}\nA:{% endfor %}"
 
 
-def _serve(model: str, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    port = free_port()
-    log_path = log_dir / "server.log"
-    command = [sys.executable, "-m", "tailrace", "serve", model, "--port", str(port), "--max-num-seqs", "4", *flags]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                   env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(process, url, log_path)
-        yield url
-    finally:
-        _stop(process)
-
-
 @pytest.fixture(scope="module")
 def gguf_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("gguf-server")
-    yield from _serve(str(write_gguf(directory / "tiny-f32.gguf", source=Path(model_dir))), directory)
+    yield from serving([str(write_gguf(directory / "tiny-f32.gguf", source=Path(model_dir))), "--max-num-seqs", "4"],
+                       directory / "server.log")
 
 
 @pytest.fixture(scope="module")
 def hub_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("hub-server")
     add_to_cache(directory / "cache", "acme/tiny", Path(model_dir), "c" * 40)
-    yield from _serve("acme/tiny", directory, "--chat-template", OVERRIDE,
-                      env={"HF_HUB_CACHE": str(directory / "cache"), "HF_HUB_OFFLINE": "1"})
+    yield from serving(["acme/tiny", "--max-num-seqs", "4", "--chat-template", OVERRIDE], directory / "server.log",
+                       env={"HF_HUB_CACHE": str(directory / "cache"), "HF_HUB_OFFLINE": "1"})
 
 
 def _greedy(url: str, model: str, headers: dict | None = None) -> list[str]:
