@@ -134,3 +134,14 @@ def test_block_built_projections_match_the_dequantizing_loaders(tiny_gguf) -> No
     for name in replaced:
         x = torch.randn(3, modules[name].in_features).to(torch.bfloat16).float()
         assert _relative_error(modules[name](x), floats[name](x)) < BF16_RTOL, name
+
+
+def test_quantized_load_of_a_gguf_takes_the_files_codes(tmp_path) -> None:
+    """Not a requantization of the dequantized weights: the same packed codes, scales and zeros."""
+    path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q4_0))
+    model, _ = load_model(path, quantization="int4")
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "blk.0.attn_output.weight")
+    expected = quantized_linear(Q.Q4_0, tensor.data, (int(tensor.shape[1]), int(tensor.shape[0])))
+    loaded = model.model.layers[0].self_attn.o_proj
+    assert torch.equal(loaded.packed, expected.packed)
+    assert torch.equal(loaded.scales_and_zeros, expected.scales_and_zeros)

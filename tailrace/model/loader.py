@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from tailrace.model import gguf
 from tailrace.model.config import ModelConfig, load_model_config
+from tailrace.model.gguf_quant import use_gguf_blocks
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import LlamaForCausalLM, RMSNorm
 from tailrace.model.quant import quantize_model
@@ -46,7 +47,10 @@ def load_model(
         if load_format == "dummy":
             init_dummy_weights(model, seed)
         elif is_gguf(path):
-            load_tensors(model, gguf.checkpoint_tensors(gguf.open_gguf(path)))
+            reader = gguf.open_gguf(path)
+            load_tensors(model, gguf.checkpoint_tensors(reader))
+            if quantization is not None:
+                use_gguf_blocks(model, reader)  # the file's own codes where they map; quantize_model does the rest
         else:
             load_tensors(model, safetensors_tensors(checkpoint_files(path)))
     if quantization is not None:
