@@ -36,7 +36,8 @@ def load_model(
     quantization: str | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto"
-    is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only the config; quantization "int8" / "int4" quantizes the projections after loading (see quant)."""
+    is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only the config; quantization
+    "int8" / "int4" quantizes the projections after loading (see quant)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
