@@ -95,7 +95,8 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
         raw = np.asarray(part.data)
         rows.append(unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw)
     raw = np.concatenate(rows)
-    return quantized_linear(parts[0].tensor_type, raw, (raw.shape[0], int(parts[0].shape[0])), bias)
+    block_size, type_size = GGML_QUANT_SIZES[parts[0].tensor_type]
+    return quantized_linear(parts[0].tensor_type, raw, (raw.shape[0], raw.shape[1] // type_size * block_size), bias)
 
 
 def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
