@@ -10,8 +10,8 @@ bfloat16 activations the LM head of a 49k vocabulary took 6.4 ms (int8) and 5.5 
 and the output returned in the model's dtype; the quality cost of that and of the weights is
 measured in bench/quality.py, not assumed.
 
-`from_blocks` constructors take weights already in these formats (GGUF's Q8_0 and Q4_0 / Q4_1
-blocks map onto them without going through float).
+GGUF files bring their own codes: model/gguf_quant.py builds these modules from Q4_0, Q4_1,
+Q4_K and Q8_0 blocks without going through float.
 """
 
 from __future__ import annotations
