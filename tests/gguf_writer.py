@@ -79,10 +79,11 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(path: Path, qtype: Q = Q.F32, vocab: Vocab | None = None, source: Path = EMBEDDED,
-               extra_tensors: dict[str, np.ndarray] | None = None, metadata: dict | None = None) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None, arch: str = "llama") -> Path:
+    """`source` as `arch`: q/k rows are permuted only for llama (Qwen's rotary is not interleaved)."""
     config = json.loads((source / "config.json").read_text())
     vocab = vocab or hf_vocab(source)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -90,19 +91,17 @@ def write_gguf(path: Path, qtype: Q = Q.F32, vocab: Vocab | None = None, source:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(config["head_dim"])
+    writer.add_key_length(config.get("head_dim") or config["hidden_size"] // heads)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     _write_vocab(writer, vocab)
-    for key, value in (metadata or {}).items():
-        writer.add_key_value(key, value[0], value[1])
     tensors = load_file(str(source / "model.safetensors"))
     for name, values in tensors.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):
             values = llama_permute(values, heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             values = llama_permute(values, kv_heads)
         _add_tensor(writer, gguf_name(name), values.astype(np.float32), qtype if values.ndim == 2 else Q.F32)
     for name, values in (extra_tensors or {}).items():

@@ -39,6 +39,31 @@ def test_f32_weights_are_the_checkpoints_with_rotary_rows_restored(f32_gguf):
         assert torch.equal(a, b), name
 
 
+def test_qwen2_weights_and_biases_are_the_checkpoints(tmp_path):
+    source = _qwen2_checkpoint(tmp_path / "qwen2")
+    ours, config = load_model(str(write_gguf(tmp_path / "qwen2.gguf", source=source, arch="qwen2")))
+    theirs, _ = load_model(str(source))
+    assert config.architecture == "Qwen2ForCausalLM"
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def _qwen2_checkpoint(directory):
+    """A random Qwen2 (q/k/v biases) with the embedded model's tokenizer files."""
+    import shutil
+
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED / name, directory / name)
+    return directory
+
+
 def test_unpermute_rotary_inverts_llama_cpps_permute():
     weights = np.arange(8 * 4 * 3, dtype=np.float32).reshape(32, 3)
     permuted = torch.from_numpy(llama_permute(weights, heads=4))

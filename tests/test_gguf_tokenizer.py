@@ -102,12 +102,17 @@ def test_merges_rank_by_the_merged_pieces_score():
     assert merges_from_scores(vocab, scores) == [("b", "c"), ("a", "b"), ("a", "bc"), ("ab", "c")]
 
 
-def test_llama_bpe_pre_tokenizer_splits_digits_in_threes(tmp_path):
+@pytest.mark.parametrize(("pre", "pieces"), [
+    ("llama-bpe", ["123", "456", "7", "Ġapples"]),  # Llama 3: digits in threes
+    ("qwen2", ["1", "2", "3", "4", "5", "6", "7", "Ġapples"]),  # Qwen2: digit by digit
+    ("smollm", ["1", "2", "3", "4", "5", "6", "7", "Ġapples"]),  # SmolLM: digit by digit, then GPT-2's split
+    ("gpt-2", ["1234567", "Ġapples"]),
+])
+def test_pre_tokenizer_splits_as_its_name_says(tmp_path, pre, pieces):
     vocab = hf_vocab()
-    vocab.pre = "llama-bpe"
+    vocab.pre = pre
     tokenizer = load_tokenizer(str(write_gguf(tmp_path / "tiny.gguf", vocab=vocab)))
-    pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str("1234567")
-    assert [piece for piece, _ in pieces] == ["123", "456", "7"]
+    assert [piece for piece, _ in tokenizer.hf.pre_tokenizer.pre_tokenize_str("1234567 apples")] == pieces
 
 
 def test_unknown_pre_tokenizer_is_named(tmp_path):
@@ -115,6 +120,14 @@ def test_unknown_pre_tokenizer_is_named(tmp_path):
     vocab.pre = "mystery"
     path = write_gguf(tmp_path / "tiny.gguf", vocab=vocab)
     with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer 'mystery'"):
+        load_tokenizer(str(path))
+
+
+def test_unknown_tokenizer_model_is_named(tmp_path):
+    vocab = hf_vocab()
+    vocab.model = "bert"
+    path = write_gguf(tmp_path / "tiny.gguf", vocab=vocab)
+    with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'bert'"):
         load_tokenizer(str(path))
 
 
