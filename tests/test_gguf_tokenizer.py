@@ -3,6 +3,8 @@ it came from; a SentencePiece one as transformers' GGUF loader builds it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import llguidance
 import pytest
 from gguf import TokenType
@@ -109,26 +111,23 @@ def test_merges_rank_by_the_merged_pieces_score():
     ("gpt-2", ["1234567", "Ġapples"]),
 ])
 def test_pre_tokenizer_splits_as_its_name_says(tmp_path, pre, pieces):
-    vocab = hf_vocab()
-    vocab.pre = pre
-    tokenizer = load_tokenizer(str(write_gguf(tmp_path / "tiny.gguf", vocab=vocab)))
+    tokenizer = load_tokenizer(_embedded_vocab_file(tmp_path, pre=pre))
     assert [piece for piece, _ in tokenizer.hf.pre_tokenizer.pre_tokenize_str("1234567 apples")] == pieces
 
 
 def test_unknown_pre_tokenizer_is_named(tmp_path):
-    vocab = hf_vocab()
-    vocab.pre = "mystery"
-    path = write_gguf(tmp_path / "tiny.gguf", vocab=vocab)
     with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer 'mystery'"):
-        load_tokenizer(str(path))
+        load_tokenizer(_embedded_vocab_file(tmp_path, pre="mystery"))
 
 
 def test_unknown_tokenizer_model_is_named(tmp_path):
-    vocab = hf_vocab()
-    vocab.model = "bert"
-    path = write_gguf(tmp_path / "tiny.gguf", vocab=vocab)
     with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'bert'"):
-        load_tokenizer(str(path))
+        load_tokenizer(_embedded_vocab_file(tmp_path, model="bert"))
+
+
+def _embedded_vocab_file(tmp_path, **changes) -> str:
+    """The embedded model as a GGUF file whose tokenizer.ggml.* keys differ by `changes`."""
+    return str(write_gguf(tmp_path / "tiny.gguf", vocab=dataclasses.replace(hf_vocab(), **changes)))
 
 
 def test_structured_output_tokenizer_builds_from_a_gguf(byte_level):
