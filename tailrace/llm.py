@@ -15,7 +15,8 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """The engine core on this thread; `model=None` is the embedded tiny model."""
+    """The engine core on this thread. `model`: a Hugging Face directory, a .gguf file or a hub id
+    (`revision=` pins one); None is the embedded tiny model."""
 
     def __init__(self, model: str | None = None, **engine_args: object) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
