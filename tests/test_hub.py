@@ -3,6 +3,7 @@ cache lacks, with no network to fetch it, is one error naming the id and the cac
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import huggingface_hub
@@ -85,10 +86,11 @@ def test_served_name_of_a_hub_id_is_the_id_and_of_a_path_its_name(tmp_path):
     assert (served_name("acme/tiny"), served_name(str(tmp_path / "model.gguf"))) == ("acme/tiny", "model.gguf")
 
 
-def test_engine_config_resolves_the_id_once_for_the_core(cache):
+def test_engine_config_carries_the_resolved_path_to_the_core(cache, monkeypatch, tmp_path_factory):
     config = EngineConfig(model="acme/tiny", revision="v2")
     config.validate()
-    assert config.model_path.endswith(OTHER)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path_factory.mktemp("empty-cache")))
+    assert pickle.loads(pickle.dumps(config)).model_path.endswith(OTHER)
 
 
 def test_llm_from_a_hub_id_generates_as_the_directory(cache):
