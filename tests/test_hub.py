@@ -53,11 +53,11 @@ def test_uncached_id_online_is_downloaded_with_what_serving_reads(cache, monkeyp
         calls.append(kwargs)
         if kwargs.get("local_files_only"):
             raise LocalEntryNotFoundError("not cached")
-        return "/downloaded"
+        return EMBEDDED_MODEL
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    assert resolve_model("acme/other", revision="v3") == "/downloaded"
+    assert resolve_model("acme/other", revision="v3") == EMBEDDED_MODEL
     assert calls[1] == {"revision": "v3", "cache_dir": str(cache),
                         "allow_patterns": ["*.json", "*.safetensors", "*.jinja"]}
 
@@ -73,8 +73,17 @@ def test_failed_download_names_the_id_the_cache_and_the_failure(cache, monkeypat
         resolve_model("acme/other")
 
 
-def test_a_directory_is_its_own_path(tmp_path):
-    assert resolve_model(str(tmp_path)) == str(tmp_path)
+def test_a_model_directory_is_its_own_path():
+    assert resolve_model(EMBEDDED_MODEL) == EMBEDDED_MODEL
+
+
+def test_a_snapshot_of_gguf_files_names_them(tmp_path, cache):
+    (tmp_path / "ggufs").mkdir()
+    (tmp_path / "ggufs" / "model-q8_0.gguf").write_bytes(b"")
+    add_to_cache(cache, "acme/tiny-gguf", tmp_path / "ggufs", MAIN)
+    with pytest.raises(ValueError, match="acme/tiny-gguf: .* has no config.json.*serve one of its GGUF files by "
+                                         "its path: model-q8_0.gguf"):
+        resolve_model("acme/tiny-gguf")
 
 
 def test_a_missing_path_is_named(tmp_path):

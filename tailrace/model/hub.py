@@ -20,12 +20,14 @@ def is_gguf(path: str) -> bool:
 def resolve_model(model: str, revision: str | None = None, cache_dir: str | None = None) -> str:
     """The local directory or GGUF file for `model`: a path as it is, else a hub id through the
     cache first and the network second; ValueError naming the id and the cache when neither has it."""
-    if os.path.isdir(model) or is_gguf(model):
+    if is_gguf(model):
         return model
+    if os.path.isdir(model):
+        return _model_directory(model, model)
     if os.path.exists(model) or not _looks_like_hub_id(model):
         raise ValueError(f"model not found: {model} is neither a model directory, a .gguf file nor a "
                          "Hugging Face model id (ORG/NAME)")
-    return _snapshot(model, revision, cache_dir)
+    return _model_directory(_snapshot(model, revision, cache_dir), model)
 
 
 def served_name(model: str) -> str:
@@ -34,6 +36,14 @@ def served_name(model: str) -> str:
     if not os.path.exists(model) and _looks_like_hub_id(model):
         return model
     return os.path.basename(os.path.normpath(model))
+
+
+def _model_directory(path: str, model: str) -> str:
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    ggufs = sorted(name for name in os.listdir(path) if name.endswith(".gguf"))
+    hint = f"; serve one of its GGUF files by its path: {', '.join(ggufs)}" if ggufs else ""
+    raise ValueError(f"model {model}: {path} has no config.json, so it is no Hugging Face model directory{hint}")
 
 
 def _looks_like_hub_id(model: str) -> bool:
