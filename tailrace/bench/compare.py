@@ -164,7 +164,8 @@ def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | N
     load_after = os.getloadavg()
     print(f"{name}: done; load average {_loads(load_after)}", flush=True)
     info = {"command": server.command, "model": load.model, "exact_length": load.exact_length,
-            "extra_body": load.extra_body, "ready_s": ready_s, "load_average_before": load_before, "load_average_after": load_after}
+            "extra_body": load.extra_body, "ready_s": ready_s, "load_average_before": load_before,
+            "load_average_after": load_after}
     return levels, cells, info
 
 
