@@ -115,6 +115,12 @@ def test_pre_tokenizer_splits_as_its_name_says(tmp_path, pre, pieces):
     assert [piece for piece, _ in tokenizer.hf.pre_tokenizer.pre_tokenize_str("1234567 apples")] == pieces
 
 
+@pytest.mark.parametrize(("pre", "ids"), [("llama-bpe", [4]), ("gpt-2", [3, 2])])
+def test_llama3_takes_a_word_in_the_vocabulary_whole_as_llama_cpp_does(tmp_path, pre, ids):
+    vocab = Vocab("gpt2", ["a", "b", "c", "ab", "abc"], [TokenType.NORMAL] * 5, merges=["a b"], pre=pre)
+    assert load_tokenizer(str(write_gguf(tmp_path / "abc.gguf", vocab=vocab))).encode("abc") == ids
+
+
 def test_unknown_pre_tokenizer_is_named(tmp_path):
     with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer 'mystery'"):
         load_tokenizer(_embedded_vocab_file(tmp_path, pre="mystery"))
