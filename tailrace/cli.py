@@ -205,6 +205,14 @@ def _one_model(args: argparse.Namespace) -> str | None:
     return model
 
 
+def _model_source(model: str | None, path: str) -> str:
+    if model is None:
+        return "embedded"
+    if os.path.normpath(model) != os.path.normpath(path) and not os.path.exists(model):
+        return "hub"
+    return "gguf" if path.endswith(".gguf") else "local"
+
+
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -242,7 +250,7 @@ async def serve(args: argparse.Namespace) -> int:
     def log_ready() -> None:
         info = engine.info
         log.info("model %s (%s) from %s, %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
-                 name, "embedded" if args.model is None else "local", config.model_path, info.device, info.dtype,
+                 name, _model_source(args.model, config.model_path), config.model_path, info.device, info.dtype,
                  info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
         log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
 

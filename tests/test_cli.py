@@ -129,3 +129,14 @@ def test_an_unknown_bench_flag_prints_that_subcommands_usage(capsys):
 def test_serve_exits_2_on_two_models(caplog):
     assert main(["serve", "/models/a", "--model", "/models/b"]) == 2
     assert "two models" in caplog.text
+
+
+def test_ready_line_names_where_the_model_came_from(tmp_path):
+    from tailrace.cli import _model_source
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    assert _model_source(None, "/anything") == "embedded"
+    assert _model_source("org/name", "/cache/models--org--name/snapshots/abc") == "hub"
+    assert _model_source(str(gguf), str(gguf)) == "gguf"
+    assert _model_source(str(tmp_path), str(tmp_path)) == "local"
