@@ -99,6 +99,7 @@ def test_vllm_gets_the_model_limits_and_the_cpu_settings():
 def test_vllm_binds_compute_to_all_cores_but_one_by_itself_and_to_the_first_cores_otherwise(
         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert vllm.thread_binding(4) == "auto"
     assert vllm.thread_binding(3) == "auto"
     assert vllm.thread_binding(2) == "0-1"
 
@@ -148,10 +149,17 @@ def test_gguf_cache_key_follows_the_model_files(tmp_path: Path):
 
 
 def test_tailrace_gets_the_same_settings_and_passes_our_own_flags():
-    config = CompareConfig(load=LoadConfig(concurrency=[1, 8]), ours_args=["--quantization", "int8"])
+    config = CompareConfig(load=LoadConfig(concurrency=[1, 8]), ours_args=["--quantization", "int8"], threads=1)
     server = ours_server(config, settings(threads=1, kv_cache_gb=0.5))
     assert flag(server.command, "--threads") == "1" and flag(server.command, "--kv-cache-memory-gb") == "0.5"
     assert server.command[-2:] == ["--quantization", "int8"]
+
+
+def test_by_default_tailrace_chooses_its_threads_and_the_peers_get_every_core(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    config = CompareConfig(load=LoadConfig(concurrency=[1]))
+    assert "--threads" not in ours_server(config, settings()).command
+    assert peer_settings(config, "/m").threads == 2
 
 
 def test_peer_settings_size_slots_and_context_from_the_load():

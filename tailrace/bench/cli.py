@@ -99,7 +99,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                          help="more `tailrace serve` flags, e.g. '--quantization int8' "
                               "(a flag alone: --ours-args=--FLAG)")
     compare.add_argument("--threads", type=int, default=None,
-                         help="compute threads of each server (default: all cores but one)")
+                         help="compute threads of each server (default: each one's best: all cores for "
+                              "llama.cpp and transformers, vLLM's auto binding, tailrace's measured choice)")
     compare.add_argument("--peers-dir", type=Path, default=None,
                          help="where the peers are installed (default: bench/.peers)")
 

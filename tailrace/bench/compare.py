@@ -43,7 +43,7 @@ class CompareConfig:
     peers: list[str] = field(default_factory=lambda: [transformers.NAME])
     model_dir: str | None = None  # None: the shape's directory, or else the embedded model
     shape: str | None = None  # a name in shapes.SHAPES
-    threads: int | None = None  # compute threads of each server; None: all cores but one
+    threads: int | None = None  # compute threads of each server; None: each one's best policy (see server_threads)
     dtype: str = "float32"
     peer_quant: str | None = None  # llama.cpp's weights: Q8_0 or Q4_0
     ours_args: list[str] = field(default_factory=list)  # more `tailrace serve` flags
@@ -52,7 +52,10 @@ class CompareConfig:
 
     @property
     def server_threads(self) -> int:
-        return self.threads or max(1, (os.cpu_count() or 2) - 1)
+        """The peers' thread count. By default all cores: llama.cpp's -t 2 beat -t 1 on 2 cores
+        (research/cpu_peers.md), vLLM's "auto" binding is its own best (see vllm.thread_binding),
+        and tailrace gets no --threads at all and measures its own count step by step."""
+        return self.threads or os.cpu_count() or 1
 
 
 @dataclass(slots=True)
@@ -92,7 +95,7 @@ def _mtimes(directory: Path) -> dict[str, int]:
 
 def ours_server(config: CompareConfig, settings: PeerSettings) -> PeerServer:
     command = [sys.executable, "-m", "tailrace", "serve", settings.model_dir, "--host", "127.0.0.1",
-               "--port", str(settings.port), "--threads", str(settings.threads),
+               "--port", str(settings.port), *(["--threads", str(config.threads)] if config.threads else []),
                "--kv-cache-memory-gb", str(settings.kv_cache_gb), "--dtype", settings.dtype, *config.ours_args]
     return PeerServer(command, dict(os.environ), model="")  # the model is the one it lists
 

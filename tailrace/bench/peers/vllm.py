@@ -48,9 +48,9 @@ def write_version_alias(site: Path) -> None:
 
 def thread_binding(threads: int) -> str:
     """Cores for compute. "auto" puts all but one on compute and leaves that one to the API server
-    and scheduler, which is tailrace's default thread count; binding every core to compute measured
-    3.5x slower on two cores. Any other count gets the first `threads` cores."""
-    return "auto" if threads == max(1, (os.cpu_count() or 2) - 1) else f"0-{threads - 1}"
+    and scheduler; binding every core to compute measured 3.5x slower on two cores, so asking
+    for all cores (or all but one) gets "auto". A smaller count gets the first `threads` cores."""
+    return "auto" if threads >= max(1, (os.cpu_count() or 2) - 1) else f"0-{threads - 1}"
 
 
 def launch(directory: Path, settings: PeerSettings) -> PeerServer:
