@@ -70,7 +70,7 @@ def decode_step_times(model, config, batch: int, context: int, steps: int) -> li
     block = 16
     per_seq = -(-(context + steps + 1) // block)
     cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
-                    next(model.parameters()).dtype, max_seqs=batch, max_model_len=per_seq * block)
+                    model.dtype, max_seqs=batch, max_model_len=per_seq * block)
     tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
     times = []
     with torch.inference_mode():

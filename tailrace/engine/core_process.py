@@ -83,7 +83,7 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         conn.send_bytes(encoder.encode(FatalMsg(f"the engine failed to start: {exc}")))
         return
     mc = core.runner.model_config
-    dtype = str(next(core.runner.model.parameters()).dtype).removeprefix("torch.")
+    dtype = str(core.runner.model.dtype).removeprefix("torch.")
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
                                             mc.vocab_size, dtype, core.runner.device.type, core.stats())))
     try:

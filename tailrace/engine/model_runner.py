@@ -79,7 +79,7 @@ class ModelRunner:
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
-        dtype = next(self.model.parameters()).dtype
+        dtype = self.model.dtype
         per_block = KVCache.bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
                                             config.block_size, dtype)
         kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if sized_by_gpu
