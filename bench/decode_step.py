@@ -102,17 +102,22 @@ def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list
     return model.compute_logits(hidden[last])
 
 
+def sequence_cache(model, config, tokens: int, block: int = 16) -> tuple[KVCache, list[int]]:
+    """An empty KV cache just large enough for one sequence of `tokens` tokens, and its block table."""
+    blocks = -(-tokens // block)
+    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, blocks, block,
+                    model.dtype, max_seqs=1, max_model_len=blocks * block)
+    return cache, list(range(blocks))
+
+
 def prefill_time(model, config, tokens: int, repeats: int = 5) -> float:
     """Best time of one sequence's prefill of `tokens` tokens plus its last row's logits (TTFT's compute)."""
-    block = 16
-    tables = [list(range(-(-tokens // block)))]
     best = math.inf
     with torch.inference_mode():
         for _ in range(repeats + 1):
-            cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, len(tables[0]),
-                            block, model.dtype, max_seqs=1, max_model_len=len(tables[0]) * block)
+            cache, table = sequence_cache(model, config, tokens)
             start = time.perf_counter()
-            forward_step(model, cache, tables, [list(range(3, 3 + tokens))], 0).argmax(dim=-1).tolist()
+            forward_step(model, cache, [table], [list(range(3, 3 + tokens))], 0).argmax(dim=-1).tolist()
             best = min(best, time.perf_counter() - start)
     return best
 

@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 
 import numpy
 import torch
-from decode_step import load_as_engine  # bench/ is on sys.path when a script here runs
+from decode_step import load_as_engine, sequence_cache  # bench/ is on sys.path when a script here runs
 
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention import AttentionBatch, SeqSlice
 from tailrace.tokenizer import load_tokenizer
 
 FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
@@ -49,11 +49,8 @@ def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
 @torch.inference_mode()
 def all_logprobs(model, config, tokens: list[int]) -> torch.Tensor:
     """Log-softmax at every position of one sequence read in a single prefill: [len, vocab]."""
-    block = 16
-    blocks = -(-len(tokens) // block)
-    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, blocks, block,
-                    model.dtype, max_seqs=1, max_model_len=blocks * block)
-    batch = AttentionBatch([SeqSlice(0, 0, len(tokens), len(tokens), list(range(blocks)))], torch.arange(len(tokens)))
+    cache, table = sequence_cache(model, config, len(tokens))
+    batch = AttentionBatch([SeqSlice(0, 0, len(tokens), len(tokens), table)], torch.arange(len(tokens)))
     cache.begin(batch)
     hidden = model(torch.tensor(tokens), torch.arange(len(tokens)), batch, cache)
     return torch.log_softmax(model.compute_logits(hidden), dim=-1)
