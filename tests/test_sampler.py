@@ -261,3 +261,16 @@ def test_cpu_value_sort_matches_torch_sort_descending():
     probs = torch.rand(4, 300, generator=torch.Generator().manual_seed(11))
     probs[:, :5] = 0.5
     assert torch.equal(_sort_descending(probs), probs.sort(dim=1, descending=True).values)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_non_finite_logit_never_draws_a_token_outside_the_vocabulary(poison):
+    # An id == vocab fed back as the next input took the whole engine down (IndexError in the
+    # embedding), found by the schema fuzz test.
+    logits = torch.zeros(3, 10)
+    logits[0, 3] = poison
+    logits[1] = poison
+    logits[2, 7] = 5.0
+    for seed in range(20):
+        out = sample(logits, [_row(), _row(), _row()], torch.Generator().manual_seed(seed))
+        assert all(0 <= t < 10 for t in out.token_ids)

@@ -286,6 +286,9 @@ def _sample_random(
     peak = logits.amax(dim=1, keepdim=True).clamp(min=torch.finfo(logits.dtype).min)
     # Unnormalised probabilities whose row maximum is exactly 1, so min_p is a plain threshold.
     probs = (logits - peak).div_(temperature).exp_()
+    # A NaN (from a NaN or +inf logit) gets no probability, like an all -inf row: a NaN in the
+    # CDF made the draw land one past the vocabulary, and that id killed the engine's next step.
+    probs.nan_to_num_(nan=0.0)
     threshold = _truncation_thresholds(probs, rows)
     if threshold is not None:
         probs.masked_fill_(probs < threshold, 0.0)
