@@ -113,8 +113,22 @@ async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Cal
 
 
 def _listen(config: uvicorn.Config) -> socket.socket:
+    """The listening socket, made before the model loads so the port is ours (and /health answers).
+
+    Its protocol is named (IPPROTO_TCP, not 0): asyncio turns Nagle off on an accepted connection
+    only when the socket says it is TCP. With Nagle on, a response written in two parts (headers,
+    then body) waits for the client's delayed ACK, 40 ms per request on a kept-alive connection.
+    """
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    return socket.create_server((config.host, config.port), family=family, backlog=config.backlog)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.host, config.port))
+        sock.listen(config.backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def _stop(server: uvicorn.Server, serving: asyncio.Task, engine: EngineClient, code: int) -> int:
