@@ -8,7 +8,8 @@ import asyncio
 import logging
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from tailrace.arg_types import (DTYPES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
                                 json_string_list, tensor_parallel_size, token_count)
@@ -23,6 +24,10 @@ from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
+
+if TYPE_CHECKING:
+    from tailrace.api.app import ServerConfig
+    from tailrace.tokenizer import Tokenizer
 
 log = logging.getLogger("tailrace")
 
@@ -213,39 +218,56 @@ def _model_source(model: str | None, path: str) -> str:
     return "gguf" if path.endswith(".gguf") else "local"
 
 
-async def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+@dataclass(slots=True)
+class ServerSetup:
+    """What `tailrace serve` builds from its flags before anything starts; the Ray deployment
+    (tailrace.ray) builds the same from the same flags."""
 
-    from tailrace.api.app import ServerConfig, build_app
-    from tailrace.api.server import run_server
-    from tailrace.engine.client import EngineClient
+    engine: EngineConfig
+    tokenizer: Tokenizer
+    server: ServerConfig
+
+
+def server_setup(args: argparse.Namespace) -> ServerSetup:
+    """The engine config, tokenizer and server config the serve flags ask for; ValueError names a bad one."""
+    from tailrace.api.app import ServerConfig
     from tailrace.model.hub import served_name
     from tailrace.tokenizer import load_tokenizer, read_chat_template
 
-    try:
-        args.model = _one_model(args)
-        config = engine_config_from(args)
-        limits = limits_from(args)
-        config.validate()
-        limits.validate()
-        sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
-        chat_template = None if args.chat_template is None else read_chat_template(args.chat_template)
-        tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
+    args.model = _one_model(args)
+    config = engine_config_from(args)
+    limits = limits_from(args)
+    config.validate()
+    limits.validate()
+    sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
+    chat_template = None if args.chat_template is None else read_chat_template(args.chat_template)
+    tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
     name, *other_names = args.served_model_name or [served_name(config.model or config.model_path)]
     if sampling_defaults:
         log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)
-    engine = EngineClient(config, tokenizer)
-    app = build_app(engine, ServerConfig(served_model_name=name, api_key=args.api_key,
-                                         max_body_bytes=args.max_body_bytes, metrics_public=args.metrics_public,
-                                         cors_origins=args.cors_origin + args.allowed_origins, limits=limits,
-                                         chat=chat_options_from(args), other_model_names=other_names,
-                                         sampling_defaults=sampling_defaults,
-                                         log_stats=not args.disable_log_stats,
-                                         responses_store=StoreLimits(args.responses_store_max_count,
-                                                                     args.responses_store_max_bytes)))
+    server = ServerConfig(served_model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                          metrics_public=args.metrics_public, cors_origins=args.cors_origin + args.allowed_origins,
+                          limits=limits, chat=chat_options_from(args), other_model_names=other_names,
+                          sampling_defaults=sampling_defaults, log_stats=not args.disable_log_stats,
+                          responses_store=StoreLimits(args.responses_store_max_count, args.responses_store_max_bytes))
+    return ServerSetup(config, tokenizer, server)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tailrace.api.app import build_app
+    from tailrace.api.server import run_server
+    from tailrace.engine.client import EngineClient
+
+    try:
+        setup = server_setup(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    config, name = setup.engine, setup.server.served_model_name
+    engine = EngineClient(config, setup.tokenizer)
+    app = build_app(engine, setup.server)
 
     def log_ready() -> None:
         info = engine.info

@@ -7,6 +7,7 @@ on sys.path and imports the root conftest as the module `conftest`; this directo
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before any litellm import: no network here
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from conftest import EMBEDDED, make_tiny_checkpoint
@@ -28,6 +30,9 @@ API_KEY = "test-key"
 MODEL = "tiny"
 MAX_NUM_SEQS = 32
 READY_TIMEOUT_S = 90.0
+RAY_READY_TIMEOUT_S = 240.0  # a Ray instance, its Serve controller and proxy, then the replicas
+# .ci/run's Ray step sets it: the same tests, against the Ray Serve app with two replicas.
+THROUGH_RAY = os.environ.get("TAILRACE_E2E_SERVER") == "ray"
 STOP_GRACE_S = 10.0
 LOG_TAIL_CHARS = 8000
 
@@ -70,6 +75,28 @@ def serving(args: list[str], log_path: Path, env: dict[str, str] | None = None) 
         _stop(process)
 
 
+def ray_serving(settings: dict[str, object], log_path: Path) -> Iterator[str]:
+    """`serve run` of the Ray Serve app (tailrace.ray:build SETTINGS, two replicas of one thread) on
+    a free port, its own Ray instance with it; yield its URL once /health is 200."""
+    port = free_port()
+    config = log_path.with_name("serve.yaml")  # JSON is YAML
+    config.write_bytes(orjson.dumps({
+        "proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "tailrace", "route_prefix": "/", "import_path": "tailrace.ray:build",
+                          "args": {"num_replicas": 2, "threads": 1, **settings}}]}))
+    serve_cli = Path(sys.executable).with_name("serve")
+    with open(log_path, "wb") as log:
+        # Its own session, so that whatever of Ray is left after the grace can be ended as a group.
+        process = subprocess.Popen([str(serve_cli), "run", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=REPO_ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(process, url, log_path, RAY_READY_TIMEOUT_S)
+        yield url
+    finally:
+        _stop(process, group=True)
+
+
 @pytest.fixture(scope="session")
 def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
@@ -77,14 +104,18 @@ def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
     _server_log = log_path
     try:
-        yield from serving([model_dir, "--api-key", API_KEY, "--served-model-name", MODEL,
-                            "--max-num-seqs", str(MAX_NUM_SEQS)], log_path)
+        if THROUGH_RAY:
+            yield from ray_serving({"model": model_dir, "api-key": API_KEY, "served-model-name": MODEL,
+                                    "max-num-seqs": MAX_NUM_SEQS}, log_path)
+        else:
+            yield from serving([model_dir, "--api-key", API_KEY, "--served-model-name", MODEL,
+                                "--max-num-seqs", str(MAX_NUM_SEQS)], log_path)
     finally:
         _server_log = None
 
 
-def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the server exited with {process.returncode} before /health was 200:\n{log_tail(log_path)}")
@@ -94,18 +125,21 @@ def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
         except httpx.TransportError:
             pass  # not listening yet
         time.sleep(0.1)
-    pytest.fail(f"/health was not 200 within {READY_TIMEOUT_S:.0f} s:\n{log_tail(log_path)}")
+    pytest.fail(f"/health was not 200 within {timeout_s:.0f} s:\n{log_tail(log_path)}")
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+def _stop(process: subprocess.Popen, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after the grace: to the process, or to its whole session with `group`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_GRACE_S * (3 if group else 1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if group:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.hookimpl(wrapper=True)
