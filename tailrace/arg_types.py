@@ -62,10 +62,14 @@ def fraction(text: str) -> float:
 
 
 def tensor_parallel_size(text: str) -> int:
-    value = int(text)
-    if value != 1:
-        raise argparse.ArgumentTypeError(f"{value}: tailrace runs a model on one device for now, so the only "
-                                         "tensor-parallel size is 1")
+    """Ranks to split the model over: a positive whole number (whether the model's heads divide by it
+    is checked when the model loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: the tensor-parallel size is at least 1")
     return value
 
 

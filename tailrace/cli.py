@@ -70,7 +70,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                         help="the same as --no-enable-prefix-caching")
     parser.add_argument("--tensor-parallel-size", "-tp", type=tensor_parallel_size, default=1,
-                        help="devices to split the model over; 1 for now")
+                        help="ranks (processes, one device each) to split the model over, Megatron-style; "
+                             "gloo on CPU, nccl on CUDA (default: 1)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: run decode steps eagerly")
     parser.add_argument("--in-process", action="store_true",
                         help="run the engine core on a thread of this process (debugging)")
@@ -79,6 +80,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, enable_prefix_caching=args.enable_prefix_caching,
                         enforce_eager=args.enforce_eager, in_process=args.in_process,
+                        tensor_parallel_size=args.tensor_parallel_size,
                         **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 
 

@@ -23,6 +23,10 @@ class LLM:
         self.core = EngineCore(self.config)
         self.tokenizer = load_tokenizer(self.config.model_path)
 
+    def shutdown(self) -> None:
+        """End the tensor-parallel worker processes (tensor_parallel_size > 1); generate no more after."""
+        self.core.shutdown()
+
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):

@@ -33,10 +33,15 @@ def test_fraction_takes_one():
     assert fraction("1") == 1.0
 
 
-def test_tensor_parallel_size_above_one_is_refused():
+def test_tensor_parallel_size_is_a_positive_whole_number():
     assert tensor_parallel_size("1") == 1
-    with pytest.raises(argparse.ArgumentTypeError, match="one device"):
-        tensor_parallel_size("2")
+    assert tensor_parallel_size("2") == 2
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+def test_tensor_parallel_size_below_one_or_not_whole_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        tensor_parallel_size(text)
 
 
 @pytest.mark.parametrize("text", ["auto", "cpu", "cuda", "cuda:1"])

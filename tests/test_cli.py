@@ -78,8 +78,12 @@ def test_tensor_parallel_size_one_is_accepted():
     assert parse("-tp", "1").tensor_parallel_size == 1
 
 
-def test_tensor_parallel_size_above_one_is_a_clear_error(capsys):
-    assert "one device" in refused(capsys, "serve", "--tensor-parallel-size", "2")
+def test_tensor_parallel_size_fills_the_engine_config():
+    assert engine_config_from(parse("-tp", "2")).tensor_parallel_size == 2
+
+
+def test_tensor_parallel_size_zero_is_a_clear_error(capsys):
+    assert "at least 1" in refused(capsys, "serve", "--tensor-parallel-size", "0")
 
 
 def test_trust_remote_code_is_refused(capsys):

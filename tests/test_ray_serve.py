@@ -134,3 +134,34 @@ def test_replicas_stats_add_up_with_kv_usage_over_all_blocks() -> None:
                                         prefix_cache_queries=30, prefix_cache_hits=15)])
     assert (total.num_running, total.prefix_cache_queries, total.prefix_cache_hits) == (3, 40, 20)
     assert total.kv_usage == pytest.approx(0.25)
+
+
+def test_serve_flags_and_ray_options_are_told_apart() -> None:
+    from tailrace.ray.deployment import split_args
+
+    options, argv = split_args({"num_replicas": "3", "max-num-seqs": 8, "enforce-eager": "true",
+                                "served-model-name": ["a", "b"], "request_router": "pow2"})
+    assert (options.num_replicas, options.request_router) == (3, "pow2")
+    assert argv == ["--max-num-seqs", "8", "--enforce-eager", "--served-model-name", "a", "b"]
+
+
+def test_an_unknown_router_or_flag_is_named() -> None:
+    from tailrace.ray.deployment import parse_serve_args, split_args
+
+    with pytest.raises(ValueError, match="request_router=fastest"):
+        split_args({"request_router": "fastest"})
+    with pytest.raises(ValueError, match="--no-such-flag"):
+        parse_serve_args(["--no-such-flag", "1"])
+
+
+def test_autoscaling_passes_through_and_each_replica_reserves_one_bundle_of_its_cpus() -> None:
+    from tailrace.cli import engine_config_from
+    from tailrace.ray.deployment import engine_deployment, parse_serve_args, split_args
+
+    options, argv = split_args({"threads": 2, "autoscaling_config": '{"min_replicas": 1, "max_replicas": 4}'})
+    args = parse_serve_args(argv)
+    deployment = engine_deployment(engine_config_from(args), args, options)
+    assert deployment._deployment_config.autoscaling_config.max_replicas == 4  # no public getter
+    assert deployment._replica_config.placement_group_bundles == [{"CPU": 2.0}]
+    assert deployment._replica_config.placement_group_strategy == "STRICT_PACK"
+    assert options.most_replicas == 4

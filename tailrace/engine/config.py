@@ -33,6 +33,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     threads: int | None = None  # torch threads in the core; None: chosen per step by measurement (threads.py)
     enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1  # ranks the model is split over (engine/tp_workers.py), one process each
     seed: int = 0
     in_process: bool = False  # run the core on a thread of this process (tests, debugging)
     # The local directory or GGUF file of `model`, resolved once; it travels with the config to the
@@ -48,7 +49,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         _ = self.model_path  # resolving finds the model, or raises naming it
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.kv_cache_memory_gb <= 0 and self.num_kv_blocks is None:

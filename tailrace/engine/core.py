@@ -11,6 +11,7 @@ from tailrace.engine.sampler import make_generator
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
 from tailrace.engine.structured import GrammarCompiler
+from tailrace.engine.tp_workers import start_ranks
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
@@ -49,7 +50,13 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         config.validate()
         self.config = config
-        self.runner = ModelRunner(config)
+        tp = start_ranks(config) if config.tensor_parallel_size > 1 else None
+        try:
+            self.runner = ModelRunner(config, tp)
+        except BaseException:
+            if tp is not None:
+                tp.kill()
+            raise
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = self.runner.model_config.eos_token_ids  # config.json + generation_config.json
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -174,6 +181,10 @@ class EngineCore:
         siblings = self.requests.get(seq.request_id, [])
         if all(s.status is Status.FINISHED for s in siblings):
             self.requests.pop(seq.request_id, None)
+
+    def shutdown(self) -> None:
+        """End the other tensor-parallel ranks, if any; the core cannot step after this."""
+        self.runner.shutdown()
 
     def stats(self) -> EngineStats:
         return EngineStats(

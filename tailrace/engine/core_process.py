@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import traceback
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 
 import msgspec
 
@@ -90,12 +90,14 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):
         return  # the client went away
-    except Exception:
+    except Exception as exc:
         log.error("engine core failed:\n%s", traceback.format_exc())
         try:
-            conn.send_bytes(encoder.encode(FatalMsg("the engine core failed")))
+            conn.send_bytes(encoder.encode(FatalMsg(f"the engine core failed: {exc}")))
         except OSError:
             pass
+    finally:
+        core.shutdown()
 
 
 def _loop(core: EngineCore, conn: Connection) -> None:
@@ -126,7 +128,7 @@ def _receive(core: EngineCore, conn: Connection) -> tuple[list[SeqOutput], bool,
     outputs: list[SeqOutput] = []
     handled = False
     timeout = 0 if core.has_work() else None
-    while conn.poll(timeout):
+    while _poll(core, conn, timeout):
         msg = to_core_decoder.decode(conn.recv_bytes())
         if isinstance(msg, ShutdownMsg):
             return outputs, handled, True
@@ -140,3 +142,14 @@ def _receive(core: EngineCore, conn: Connection) -> tuple[list[SeqOutput], bool,
         else:
             outputs.extend(core.abort(msg.request_id, msg.siblings))
     return outputs, handled, False
+
+
+def _poll(core: EngineCore, conn: Connection, timeout: float | None) -> bool:
+    """Whether a message is waiting (within timeout). With tensor-parallel workers, a worker's exit
+    ends the wait too, and raises: the engine is dead without it."""
+    tp = core.runner.tp
+    if tp is None:
+        return conn.poll(timeout)
+    ready = wait([conn, *tp.sentinels], timeout)
+    tp.check_alive(ready)
+    return conn in ready

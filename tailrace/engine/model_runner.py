@@ -9,6 +9,7 @@ work by the time it returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,12 +23,16 @@ from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
+from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model.attention import KVCache
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    from tailrace.engine.tp_workers import TensorParallel
 
 
 @dataclass(slots=True)
@@ -58,11 +63,20 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
+        """tp: this process's tensor-parallel rank (tp_workers); None runs the whole model here."""
+        self.tp = tp
+        self._released: list[int] = []  # with tp: sequences released since the last step, for the workers
         # An explicit --threads stays fixed; otherwise each CPU step's thread count is measured (threads.py).
-        self.threads = ThreadTuner([config.threads] if config.threads else thread_candidates(available_cores()))
+        # Ranks share the cores, and all must run the step before any can go on: a fixed even split.
+        candidates = [config.threads] if config.threads else thread_candidates(available_cores())
+        if tp is not None:
+            candidates = [config.threads or max(1, available_cores() // tp.size)]
+        self.threads = ThreadTuner(candidates)
         torch.set_num_threads(self.threads.candidates[0])
         self.device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
+        if tp is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", tp.rank)  # one GPU per rank, in order
         if self.device.type == "cuda":
             # Events, graphs and Triton launches use the current device (per thread): make it this one.
             torch.cuda.set_device(self.device.index or 0)
@@ -73,6 +87,7 @@ class ModelRunner:
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
             device=str(self.device), seed=config.seed, quantization=config.quantization,
+            shard=None if tp is None else tp.shard,
         )
         if config.quantization is None and packable(self.model.dtype, self.device):
             pack_linears(self.model)
@@ -80,14 +95,16 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
         dtype = self.model.dtype
-        per_block = KVCache.bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
-                                            config.block_size, dtype)
+        kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
+        per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
         kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if sized_by_gpu
                     else fixed_kv_cache_bytes(config))
         self.num_blocks = config.num_kv_blocks or kv_bytes // per_block
+        if tp is not None:
+            self.num_blocks = tp.agree_min(self.num_blocks)  # block ids mean the same pages on every rank
         if self.num_blocks < 1:
             raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
-        cache_args = (mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim)
+        cache_args = (mc.num_hidden_layers, kv_heads, mc.head_dim)
         if self.attention == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
@@ -100,7 +117,8 @@ class ModelRunner:
         self.inputs = StepInputBuilder(max(config.max_num_batched_tokens, config.max_num_seqs), config.block_size,
                                        scratch_block, self.device)
         self.graphs = None
-        if self.device.type == "cuda" and self.attention == "paged" and not config.enforce_eager:
+        # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
+        if self.device.type == "cuda" and self.attention == "paged" and not config.enforce_eager and tp is None:
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size)
@@ -118,6 +136,23 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         self.cache.release(seq_id)
+        if self.tp is not None:
+            self._released.append(seq_id)
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (rank 0); nothing to do without them."""
+        if self.tp is not None:
+            self.tp.shutdown()
+
+    @torch.inference_mode()
+    def follow(self, step: FollowStep) -> None:
+        """A tensor-parallel worker's step: the forward rank 0 runs, on this rank's part of the model,
+        joining its collectives; rank 0 samples."""
+        for seq_id in step.released:
+            self.cache.release(seq_id)
+        self.cache.begin(step.inputs.batch)
+        hidden = self.model(step.inputs.input_ids, step.inputs.positions, step.inputs.batch, self.cache)
+        self.model.compute_logits(take_rows(hidden, step.rows))
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSeq], eos_token_ids: list[int]) -> LaunchedStep:
@@ -125,12 +160,15 @@ class ModelRunner:
         for the device on the common path (see sampler for the exceptions)."""
         graph_size = None if self.graphs is None else decode_size(self.graphs.sizes, scheduled)
         inputs = self.inputs.build(scheduled, pad_to=graph_size or 0)
+        need = _logit_rows(scheduled, inputs)
+        if self.tp is not None:
+            self.tp.send_step(inputs, need.rows, self._released)
+            self._released = []
         tuned = not self.asynchronous and not self.threads.fixed
         if tuned:  # on CPU, launch is the whole step
             self.threads.start(inputs.input_ids.shape[0])
         self.cache.begin(inputs.batch)
         masks = self._start_masks(scheduled)
-        need = _logit_rows(scheduled, inputs)
         if graph_size is not None:
             logits = take_rows(self.graphs.replay(graph_size), need.rows)
         else:

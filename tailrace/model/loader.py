@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -15,6 +16,7 @@ from tailrace.model.gguf_quant import use_gguf_blocks
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import LlamaForCausalLM, RMSNorm
 from tailrace.model.quant import quantize_model
+from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "dummy")
@@ -33,27 +35,36 @@ _FUSED_PARTS = {
 
 def load_model(
     path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0,
-    quantization: str | None = None,
+    quantization: str | None = None, shard: Shard | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto"
     is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only the config; quantization
-    "int8" / "int4" quantizes the projections after loading (see quant)."""
+    "int8" / "int4" quantizes the projections after loading (see quant). With a `shard`, the model is
+    that tensor-parallel rank's part (tp_shard), read from the checkpoint alone; the config returned
+    is the whole model's."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
     torch_dtype = resolve_dtype(dtype, device)
+    if shard is not None:
+        check_shardable(config, shard.size)
     with torch.device(device):
-        model = LlamaForCausalLM(config, torch_dtype)
+        model = LlamaForCausalLM(config if shard is None else local_config(config, shard), torch_dtype)
     with torch.no_grad():
         if load_format == "dummy":
             init_dummy_weights(model, seed)
         elif is_gguf(path):
             reader = gguf.open_gguf(path)
-            load_tensors(model, gguf.checkpoint_tensors(reader))
-            if quantization is not None:
+            tensors = gguf.checkpoint_tensors(reader)
+            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard))
+            if quantization is not None and shard is None:
                 use_gguf_blocks(model, reader)  # the file's own codes where they map; quantize_model does the rest
-        else:
+        elif shard is None:
             load_tensors(model, safetensors_tensors(checkpoint_files(path)))
+        else:
+            load_tensors(model, shard_tensors(safetensors_tensors(checkpoint_files(path), lazy=True), config, shard))
+    if shard is not None:
+        parallelize(model, config.vocab_size, shard)
     if quantization is not None:
         quantize_model(model, quantization)
     return model.eval(), config
@@ -96,11 +107,12 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
             module.weight.fill_(1.0)
 
 
-def safetensors_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[str, Any]]:
+    """Each (name, tensor); lazy: each a safetensors slice instead, which reads only the part indexed."""
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name) if lazy else f.get_tensor(name)
 
 
 def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

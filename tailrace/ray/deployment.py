@@ -58,7 +58,7 @@ def build(args: dict[str, Any]) -> serve.Application:
     ray_options, argv = split_args(args)
     serve_args = parse_serve_args(argv)
     setup = server_setup(serve_args)  # fails here, before Ray starts anything, on a bad flag or model
-    engine = _engine_deployment(setup.engine, serve_args, ray_options)
+    engine = engine_deployment(setup.engine, serve_args, ray_options)
     capacity = setup.server.limits.max_num_seqs * ray_options.most_replicas + setup.server.limits.max_waiting_seqs
     ingress = serve.deployment(TailraceIngress, name="TailraceIngress", max_ongoing_requests=capacity,
                                ray_actor_options={"num_cpus": 0})
@@ -99,7 +99,7 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         raise ValueError(f"these are not `tailrace serve` flags: {' '.join(argv)}") from None
 
 
-def _engine_deployment(config: EngineConfig, serve_args: argparse.Namespace, options: RayOptions) -> serve.Deployment:
+def engine_deployment(config: EngineConfig, serve_args: argparse.Namespace, options: RayOptions) -> serve.Deployment:
     """Each replica's resources as one placement-group bundle: its tensor-parallel ranks are child
     processes of the replica's engine core, so they must share its node, and on GPUs its
     CUDA_VISIBLE_DEVICES must list every rank's device."""
