@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence as Seq
 
 from tailrace.engine.config import EngineConfig
@@ -21,11 +22,19 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: object) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_args)
         self.core = EngineCore(self.config)
+        # The tensor-parallel workers end with this object, or at exit, if shutdown() is never called.
+        self._shutdown = weakref.finalize(self, self.core.shutdown)
         self.tokenizer = load_tokenizer(self.config.model_path)
 
     def shutdown(self) -> None:
         """End the tensor-parallel worker processes (tensor_parallel_size > 1); generate no more after."""
-        self.core.shutdown()
+        self._shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:

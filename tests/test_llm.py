@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,3 +76,20 @@ def test_detokenizing_during_the_next_step_as_on_cuda_changes_no_output(embedded
     llm = LLM(threads=1)
     assert outputs(llm) == want
     assert llm.core.blocks.num_free_blocks == llm.core.blocks.num_blocks
+
+
+def test_two_tensor_parallel_ranks_write_what_one_does_and_shutdown_ends_them(embedded_model):
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(threads=1).generate(PROMPTS, params)]
+    with LLM(tensor_parallel_size=2) as llm:
+        pids = llm.core.runner.tp.worker_pids
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    assert got == want
+    assert len(pids) == 1 and not Path(f"/proc/{pids[0]}").exists()
+
+
+def test_an_llm_dropped_without_shutdown_ends_its_ranks(embedded_model):
+    llm = LLM(tensor_parallel_size=2)
+    pids = llm.core.runner.tp.worker_pids
+    del llm
+    assert not Path(f"/proc/{pids[0]}").exists()

@@ -80,7 +80,7 @@ def assert_logprobs_close(want, got) -> None:
             assert b is None
             continue
         assert abs(a.logprob - b.logprob) <= ATOL
-        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert a.top and [t for t, _ in a.top] == [t for t, _ in b.top]
         assert all(abs(x - y) <= ATOL for (_, x), (_, y) in zip(a.top, b.top))
 
 
@@ -94,11 +94,15 @@ def assert_same_generation(path: str, vocab: int, **engine: object) -> None:
     finally:
         core.shutdown()
     assert [p.returncode for p in workers] == [0]  # told to stop, and stopped
-    for rid in requests:
+    for rid, (_, params) in requests.items():
         assert two[rid]["tokens"] == one[rid]["tokens"], rid
-        for want, got in zip(one[rid]["logprobs"], two[rid]["logprobs"]):
+        assert [len(t) for t in one[rid]["tokens"]] == [params.max_tokens] * params.n
+        for tokens, want, got in zip(one[rid]["tokens"], one[rid]["logprobs"], two[rid]["logprobs"]):
+            assert len(want) == len(tokens)  # a logprob per token: nothing is compared vacuously
             assert_logprobs_close(want, got)
-    assert_logprobs_close(one["prompt"]["prompt"], two["prompt"]["prompt"])
+    prompt = one["prompt"]["prompt"]
+    assert len(prompt) == len(requests["prompt"][0]) - 1  # every prompt token after the first
+    assert_logprobs_close(prompt, two["prompt"]["prompt"])
 
 
 @pytest.fixture(scope="module")
