@@ -106,6 +106,10 @@ class ServerProcess(Server):
                 return child
         raise RuntimeError("the server has no engine core process")
 
+    def rank_pids(self) -> list[int]:
+        """The tensor-parallel workers (ranks 1..N-1): the engine core's child processes."""
+        return _children(self.core_pid())
+
     def send_signal(self, sig: signal.Signals, group: bool = False) -> None:
         """To the server process, or with group=True to its whole process group (engine core included)."""
         if group:
@@ -137,6 +141,15 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         children += [int(c) for c in (task / "children").read_text().split()]
     return children
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 def rss_bytes(pid: int) -> int:

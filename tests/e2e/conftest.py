@@ -29,6 +29,7 @@ from conftest import EMBEDDED, make_tiny_checkpoint
 API_KEY = "test-key"
 MODEL = "tiny"
 MAX_NUM_SEQS = 32
+TP_SIZE = 2  # tp_server_url's ranks
 READY_TIMEOUT_S = 90.0
 RAY_READY_TIMEOUT_S = 240.0  # a Ray instance, its Serve controller and proxy, then the replicas
 # .ci/run's Ray step sets it: the same tests, against the Ray Serve app with two replicas.
@@ -37,7 +38,7 @@ STOP_GRACE_S = 10.0
 LOG_TAIL_CHARS = 8000
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_server_log: Path | None = None  # the running server's log, shown with every failed e2e test
+_server_logs: dict[str, Path] = {}  # the running servers' logs, by name, shown with every failed e2e test
 
 
 def free_port() -> int:
@@ -100,18 +101,32 @@ def ray_serving(settings: dict[str, object], log_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
-    global _server_log
     log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
-    _server_log = log_path
+    _server_logs["server"] = log_path
     try:
         if THROUGH_RAY:
             yield from ray_serving({"model": model_dir, "api-key": API_KEY, "served-model-name": MODEL,
                                     "max-num-seqs": MAX_NUM_SEQS}, log_path)
         else:
-            yield from serving([model_dir, "--api-key", API_KEY, "--served-model-name", MODEL,
-                                "--max-num-seqs", str(MAX_NUM_SEQS)], log_path)
+            yield from serving(_serve_args(model_dir), log_path)
     finally:
-        _server_log = None
+        del _server_logs["server"]
+
+
+@pytest.fixture(scope="module")
+def tp_server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same server with its model split over two tensor-parallel ranks (gloo on this CPU), for the
+    modules that run against it too; stopped when the module is done."""
+    log_path = tmp_path_factory.mktemp("e2e-tp-server") / "server.log"
+    _server_logs["tensor-parallel server"] = log_path
+    try:
+        yield from serving([*_serve_args(model_dir), "--tensor-parallel-size", str(TP_SIZE)], log_path)
+    finally:
+        del _server_logs["tensor-parallel server"]
+
+
+def _serve_args(model_dir: str) -> list[str]:
+    return [model_dir, "--api-key", API_KEY, "--served-model-name", MODEL, "--max-num-seqs", str(MAX_NUM_SEQS)]
 
 
 def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -145,8 +160,9 @@ def _stop(process: subprocess.Popen, group: bool = False) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     report = yield
-    if report.failed and _server_log is not None and "server_url" in getattr(item, "fixturenames", ()):
-        report.sections.append(("server log (tail)", log_tail(_server_log)))
+    if report.failed:
+        for name, log_path in _server_logs.items():
+            report.sections.append((f"{name} log (tail)", log_tail(log_path)))
     return report
 
 

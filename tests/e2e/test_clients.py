@@ -1,5 +1,7 @@
 """The official clients against a real server: the OpenAI SDK (sync, async, streaming), LangChain's
-ChatOpenAI and legacy OpenAI LLM, and LiteLLM. Each gets real text, a finish reason, and usage that adds up."""
+ChatOpenAI and legacy OpenAI LLM, and LiteLLM. Each gets real text, a finish reason, and usage that adds up.
+Every test runs twice: against the session's server, and against one whose model is split over two
+tensor-parallel ranks (`--tensor-parallel-size 2`; not through Ray, whose run is of the replicas)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from langchain_openai import OpenAI as LangChainOpenAI
 
-from .conftest import API_KEY, MODEL
+from .conftest import API_KEY, MODEL, THROUGH_RAY, TP_SIZE
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:.*ReadOnly.*:UserWarning")]  # noise from LiteLLM's imports
@@ -31,6 +33,12 @@ def check_usage(prompt_tokens: int, completion_tokens: int, total_tokens: int) -
 
 def check_text(text: str | None) -> None:
     assert isinstance(text, str) and text.strip(), f"expected real text, got {text!r}"
+
+
+@pytest.fixture(scope="module", params=[1] if THROUGH_RAY else [1, TP_SIZE], ids=lambda size: f"tp{size}")
+def api_base(request: pytest.FixtureRequest) -> str:
+    """The session's server, then the tensor-parallel one (its own fixture, so it starts only here)."""
+    return f"{request.getfixturevalue('server_url' if request.param == 1 else 'tp_server_url')}/v1"
 
 
 @pytest.fixture(scope="module")

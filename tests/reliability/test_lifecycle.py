@@ -1,5 +1,6 @@
 """A real server process through its end: a graceful stop on SIGTERM or SIGINT, and exit 1 (for a
-supervisor to restart it) when its engine core dies, with no open stream left hanging either way."""
+supervisor to restart it) when its engine core, or one of its tensor-parallel ranks, dies, with no
+open stream left hanging and no rank left running either way."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from harness import MODEL, ServerProcess
+from harness import MODEL, ServerProcess, alive
 
 from .conftest import start_server
 
@@ -74,10 +75,13 @@ def test_streams_past_the_graceful_timeout_are_cut_and_the_exit_is_still_0(tmp_p
         assert time.monotonic() - stopped_at < 1.0 + EXIT_WITHIN_S / 2
 
 
-def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_factory):
-    server = start_server(tmp_path_factory, "engine-death")
+@pytest.mark.parametrize("victim", ["engine core", "tensor-parallel rank 1"])
+def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_factory, victim):
+    flags = ("--tensor-parallel-size", "2") if victim.startswith("tensor") else ()
+    server = start_server(tmp_path_factory, "engine-death", *flags)
     with server, open_stream(server, max_tokens=1500) as lines:
-        os.kill(server.core_pid(), signal.SIGKILL)
+        processes = [server.core_pid(), *server.rank_pids()]
+        os.kill(processes[0] if victim == "engine core" else processes[1], signal.SIGKILL)
         killed_at = time.monotonic()
         events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
         ended_after = time.monotonic() - killed_at
@@ -91,8 +95,23 @@ def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_facto
         except httpx.ConnectError:
             pass
         assert server.wait(EXIT_WITHIN_S) == 1, server.log_tail()
-        print(f"core killed: stream error after {ended_after * 1000:.0f} ms, "
+        print(f"{victim} killed: stream error after {ended_after * 1000:.0f} ms, "
               f"server exit 1 after {time.monotonic() - killed_at:.2f} s")
+    assert not [pid for pid in processes if alive(pid)]
+
+
+def test_sigterm_with_two_ranks_lets_the_open_stream_finish_and_ends_every_rank(tmp_path_factory):
+    server = start_server(tmp_path_factory, "tp-shutdown", "--tensor-parallel-size", "2",
+                          "--graceful-shutdown-timeout", "60")
+    with server, open_stream(server, max_tokens=100) as lines:
+        processes = [server.core_pid(), *server.rank_pids()]
+        assert len(processes) == 2
+        server.send_signal(signal.SIGTERM)
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert server.wait(EXIT_WITHIN_S) == 0, server.log_tail()
+    assert not [pid for pid in processes if alive(pid)]
 
 
 def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path_factory):
