@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -134,6 +135,25 @@ def test_a_killed_worker_fails_the_next_step_within_seconds(embedded_model):
         assert time.monotonic() - start < 5
     finally:
         core.shutdown()
+
+
+def test_a_step_that_fails_half_way_on_rank_0_still_shuts_down_at_once(embedded_model):
+    core = EngineCore(EngineConfig(model=embedded_model, tensor_parallel_size=2))
+    worker, = [w.process for w in core.runner.tp._workers]
+
+    def fault(*args):
+        raise RuntimeError("a fault between two all-reduces")
+
+    core.runner.model.model.layers[1].forward = fault  # rank 1 goes on into layer 1's all-reduces
+    core.add_request(EngineRequest("r", [1, 2, 3], SamplingParams(max_tokens=4)))
+    with pytest.raises(RuntimeError, match="between two all-reduces"):
+        core.step()
+    # A stop broadcast now would wait forever for rank 1, which is inside a collective: it is killed instead.
+    stopper = threading.Thread(target=core.shutdown, daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    assert not stopper.is_alive()
+    assert worker.returncode is not None
 
 
 def test_a_model_the_ranks_cannot_split_is_refused_before_any_worker_starts(checkpoints):

@@ -20,6 +20,8 @@ from tailrace.logs import configure_logging
 
 log = logging.getLogger("tailrace.engine")
 
+_RANK_EXIT_S = 1.0  # how long a failed core waits to learn whether a tensor-parallel rank exited
+
 
 class AddMsg(msgspec.Struct, tag="add"):
     request: EngineRequest
@@ -52,6 +54,7 @@ class OutputsMsg(msgspec.Struct, tag="out"):
 class RequestErrorMsg(msgspec.Struct, tag="req_error"):
     request_id: str
     message: str
+    param: str | None = None  # the request field at fault, when the core knows it
 
 
 class FatalMsg(msgspec.Struct, tag="fatal"):
@@ -92,8 +95,10 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         return  # the client went away
     except Exception as exc:
         log.error("engine core failed:\n%s", traceback.format_exc())
+        tp = core.runner.tp  # a rank that died fails a collective here: name it, not the socket error
+        reason = (tp.exited_worker(_RANK_EXIT_S) if tp is not None else None) or exc
         try:
-            conn.send_bytes(encoder.encode(FatalMsg(f"the engine core failed: {exc}")))
+            conn.send_bytes(encoder.encode(FatalMsg(f"the engine core failed: {reason}")))
         except OSError:
             pass
     finally:
@@ -138,7 +143,8 @@ def _receive(core: EngineCore, conn: Connection) -> tuple[list[SeqOutput], bool,
             try:
                 core.add_request(msg.request)
             except ValueError as exc:
-                conn.send_bytes(encoder.encode(RequestErrorMsg(msg.request.request_id, str(exc))))
+                error = RequestErrorMsg(msg.request.request_id, str(exc), getattr(exc, "param", None))
+                conn.send_bytes(encoder.encode(error))
         else:
             outputs.extend(core.abort(msg.request_id, msg.siblings))
     return outputs, handled, False

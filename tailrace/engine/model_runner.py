@@ -174,6 +174,8 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache)
             logits = self.model.compute_logits(take_rows(hidden, need.rows))
+        if self.tp is not None:
+            self.tp.step_done()
         step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
         for i, first, start, end in need.prompt_spans:
             seq = scheduled[i].seq

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,6 +81,7 @@ class TensorParallel:
         self._comm = torch.device("cuda", rank) if self.backend == "nccl" else torch.device("cpu")
         self._workers = [] if workers is None else workers
         self._header = torch.zeros(2, dtype=torch.int64, device=self._comm)
+        self._in_step = False  # rank 0: a step was sent and its forward has not finished (the workers are in it)
 
     @property
     def rank(self) -> int:
@@ -106,6 +108,15 @@ class TensorParallel:
             if code is not None:
                 raise RuntimeError(f"tensor-parallel rank {w.rank} exited with status {code}")
 
+    def exited_worker(self, within_s: float) -> str | None:
+        """Rank 0, after a collective failed: which worker exited, given within_s for its exit to show;
+        None if none did."""
+        try:
+            self.check_alive(wait(self.sentinels, within_s))
+        except RuntimeError as err:
+            return str(err)
+        return None
+
     def agree_min(self, value: int) -> int:
         """The smallest `value` over the ranks (each rank's KV cache must hold the same blocks)."""
         t = torch.tensor([value], dtype=torch.int64, device=self._comm)
@@ -116,8 +127,13 @@ class TensorParallel:
         """Rank 0: the step to every worker, before rank 0 runs it itself."""
         body = encode_step(inputs, rows, released).to(self._comm)
         self._header[0], self._header[1] = _STEP, body.shape[0]
+        self._in_step = True
         dist.broadcast(self._header, 0)
         dist.broadcast(body, 0)
+
+    def step_done(self) -> None:
+        """Rank 0: the step's collectives are over; the workers wait for the next step."""
+        self._in_step = False
 
     def receive_step(self, device: torch.device) -> FollowStep | None:
         """A worker: the next step, or None when rank 0 says stop."""
@@ -130,7 +146,12 @@ class TensorParallel:
         return decode_step(body.cpu(), device)
 
     def shutdown(self) -> None:
-        """Rank 0, between steps: tell every worker to stop, kill those that do not, leave the group."""
+        """Rank 0: tell every worker to stop, kill those that do not, leave the group. A step that
+        failed half-way leaves the workers inside a collective, where no stop can reach them: they are
+        killed at once."""
+        if self._in_step:
+            self._end(0)
+            return
         if self._workers and all(w.process.poll() is None for w in self._workers):
             self._header[0] = _STOP
             try:

@@ -95,6 +95,8 @@ def test_engine_death_ends_open_streams_with_an_error_and_exits_1(tmp_path_facto
         except httpx.ConnectError:
             pass
         assert server.wait(EXIT_WITHIN_S) == 1, server.log_tail()
+        if victim.startswith("tensor"):  # the log names the rank, not only the collective's socket error
+            assert "tensor-parallel rank 1 exited with status -9" in server.log_tail()
         print(f"{victim} killed: stream error after {ended_after * 1000:.0f} ms, "
               f"server exit 1 after {time.monotonic() - killed_at:.2f} s")
     assert not [pid for pid in processes if alive(pid)]
