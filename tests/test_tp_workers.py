@@ -159,3 +159,13 @@ def test_a_step_that_fails_half_way_on_rank_0_still_shuts_down_at_once(embedded_
 def test_a_model_the_ranks_cannot_split_is_refused_before_any_worker_starts(checkpoints):
     with pytest.raises(ValueError, match="attention heads"):
         EngineCore(EngineConfig(model=checkpoints["llama_tied"], tensor_parallel_size=3))
+
+
+def test_fewer_gpus_than_ranks_are_refused_before_any_worker_starts(embedded_model, monkeypatch):
+    from tailrace.engine import tp_workers
+
+    monkeypatch.setattr(tp_workers, "_device_type", lambda config: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(tp_workers, "_spawn", None)  # starting a worker would fail the test another way
+    with pytest.raises(ValueError, match="needs one GPU per rank; CUDA sees 1"):
+        EngineCore(EngineConfig(model=embedded_model, tensor_parallel_size=2))

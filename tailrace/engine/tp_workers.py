@@ -179,10 +179,13 @@ class TensorParallel:
 
 def start_ranks(config: EngineConfig) -> TensorParallel:
     """Rank 0 (this process): start the workers and form the group with them. A model that `size`
-    ranks cannot split is refused before any worker starts."""
+    ranks cannot split, or fewer GPUs than ranks, is refused before any worker starts."""
     size = config.tensor_parallel_size
     check_shardable(load_model_config(config.model_path), size)
     device_type = _device_type(config)
+    if device_type == "cuda" and torch.cuda.device_count() < size:
+        raise ValueError(f"tensor_parallel_size {size} needs one GPU per rank; CUDA sees "
+                         f"{torch.cuda.device_count()}")
     store = dist.TCPStore(_HOST, 0, size, is_master=True, wait_for_workers=False)
     workers: list[_Worker] = []
     tp = TensorParallel(0, size, device_type, workers)
