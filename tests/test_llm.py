@@ -80,8 +80,8 @@ def test_detokenizing_during_the_next_step_as_on_cuda_changes_no_output(embedded
 
 def test_two_tensor_parallel_ranks_write_what_one_does_and_shutdown_ends_them(embedded_model):
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    want = [o.outputs[0].token_ids for o in LLM(threads=1).generate(PROMPTS, params)]
-    with LLM(tensor_parallel_size=2) as llm:
+    want = [o.outputs[0].token_ids for o in LLM(threads=1, dtype="float32").generate(PROMPTS, params)]
+    with LLM(tensor_parallel_size=2, dtype="float32") as llm:
         pids = llm.core.runner.tp.worker_pids
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     assert got == want
