@@ -1,13 +1,16 @@
 """Tensor parallelism over gloo on this CPU: two ranks give the tokens of one and logprobs within 1e-4,
 for the embedded model and random Llama, Qwen2 and Qwen3 checkpoints (one with a single KV head, so
-both ranks hold it), and shutdown then ends every rank; a worker that dies fails the step at once."""
+both ranks hold it), and shutdown then ends every rank; a worker that dies fails the step at once,
+or wakes an idle core, which names it; a step that fails half-way still shuts down."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ import transformers
 
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.engine.core_process import FatalMsg, ReadyMsg, from_core_decoder, run_core
 from tailrace.sampling_params import SamplingParams
 
 ATOL = 1e-4
@@ -169,3 +173,23 @@ def test_fewer_gpus_than_ranks_are_refused_before_any_worker_starts(embedded_mod
     monkeypatch.setattr(tp_workers, "_spawn", None)  # starting a worker would fail the test another way
     with pytest.raises(ValueError, match="needs one GPU per rank; CUDA sees 1"):
         EngineCore(EngineConfig(model=embedded_model, tensor_parallel_size=2))
+
+
+def test_a_worker_that_dies_while_the_core_idles_ends_the_core_with_a_message_naming_it(embedded_model):
+    ours, theirs = multiprocessing.Pipe()
+    core = threading.Thread(target=run_core, args=(EngineConfig(model=embedded_model, tensor_parallel_size=2), theirs),
+                            daemon=True)
+    core.start()
+    assert isinstance(from_core_decoder.decode(ours.recv_bytes()), ReadyMsg)
+    worker, = [pid for pid in children() if b"tp_workers" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(worker, signal.SIGKILL)
+    assert ours.poll(5), "the idle core did not notice"
+    fatal = from_core_decoder.decode(ours.recv_bytes())
+    assert isinstance(fatal, FatalMsg) and "tensor-parallel rank 1 exited with status -9" in fatal.message
+    core.join(timeout=10)
+    assert not core.is_alive()
+
+
+def children() -> list[int]:
+    """This process's child processes."""
+    return [int(pid) for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()]
