@@ -120,7 +120,12 @@ def tp_server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> I
     log_path = tmp_path_factory.mktemp("e2e-tp-server") / "server.log"
     _server_logs["tensor-parallel server"] = log_path
     try:
-        yield from serving([*_serve_args(model_dir), "--tensor-parallel-size", str(TP_SIZE)], log_path)
+        with contextlib.closing(serving([*_serve_args(model_dir), "--tensor-parallel-size", str(TP_SIZE)],
+                                        log_path)) as server:
+            url = next(server)
+            if f"tensor parallel: {TP_SIZE} ranks" not in log_path.read_text(errors="replace"):
+                pytest.fail(f"the server did not start {TP_SIZE} ranks:\n{log_tail(log_path)}")
+            yield url
     finally:
         del _server_logs["tensor-parallel server"]
 
