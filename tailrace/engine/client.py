@@ -31,7 +31,15 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestRejectedError(ValueError):
-    """The core refused the request as it stands (e.g. it can never fit in the KV cache)."""
+    """The core refused the request as it stands (e.g. it can never fit in the KV cache); `param`
+    names the request field at fault, when the core knows it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):  # Ray ships it between processes: keep the param
+        return type(self), (str(self), self.param)
 
 
 class RequestFailedError(RuntimeError):
@@ -163,7 +171,7 @@ class EngineClient:
                 self._send(AbortMsg(request_id))
         elif isinstance(msg, RequestErrorMsg):
             self._processor.remove(msg.request_id)
-            self._fail(msg.request_id, RequestRejectedError(msg.message))
+            self._fail(msg.request_id, RequestRejectedError(msg.message, msg.param))
         elif isinstance(msg, ReadyMsg):
             self.info, self._stats = msg, msg.stats
             self.max_model_len = msg.max_model_len

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
+from tailrace.engine.closing import FORCED_LOGPROB
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.model_runner import LaunchedStep, ModelRunner
 from tailrace.engine.sampler import make_generator
@@ -15,6 +16,25 @@ from tailrace.engine.tp_workers import start_ranks
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
+
+
+class BudgetTooSmall(ValueError):
+    """max_tokens (or the context left) is below the shortest document the response format allows."""
+
+    param = "max_tokens"
+
+    def __init__(self, minimum: int, max_tokens: int, by_context: bool) -> None:
+        given = (f"only {max_tokens} tokens are left in the context" if by_context
+                 else f"max_tokens is {max_tokens}")
+        super().__init__(f"The shortest answer that follows the response format takes {minimum} tokens, but "
+                         f"{given}; set max_tokens to at least {minimum}.")
+
+
+def forced_logprob(sampled: TokenLogprob, forced: int) -> TokenLogprob:
+    """The logprob of a token the budget put in place of the sampled one: from the top
+    alternatives when it is among them."""
+    value = next((lp for t, lp in sampled.top if t == forced), FORCED_LOGPROB)
+    return TokenLogprob(value, sampled.top)
 
 
 @dataclass(slots=True)
@@ -88,6 +108,9 @@ class EngineCore:
             raise ValueError(f"the request needs {total} KV blocks for its {params.n} choice(s) but the cache has "
                              f"{self.runner.num_blocks}; lower n or max_tokens, or shorten the prompt")
         grammars = [self.grammars.for_sequence(params) for _ in range(params.n)]
+        closing = grammars[0].closing if grammars[0] is not None else None
+        if closing is not None and closing.minimum is not None and max_tokens < closing.minimum:
+            raise BudgetTooSmall(closing.minimum, max_tokens, params.max_tokens is None or params.max_tokens > room)
         siblings = []
         for j in range(params.n):
             seed = None if params.seed is None else params.seed + j
@@ -160,10 +183,13 @@ class EngineCore:
         return outputs
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> None:
+        if seq.grammar is not None:
+            chosen = seq.grammar.choose(token, seq.max_tokens - len(seq.output_token_ids) - 1)
+            if chosen != token:
+                token, logprob = chosen, None if logprob is None else forced_logprob(logprob, chosen)
+            seq.grammar.accept(token)
         seq.output_token_ids.append(token)
         out.new_token_ids.append(token)
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
         if seq.params.logprobs is not None:
             out.new_logprobs = [logprob] if logprob is not None else None
         params = seq.params

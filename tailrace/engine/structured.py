@@ -12,6 +12,7 @@ while the model runs (`MaskJob`), and a step without a constrained row does no g
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +21,9 @@ import llguidance
 import numpy as np
 import torch
 
+from tailrace.engine.closing import Closing, TokenTable
+from tailrace.engine.closing_schema import Node, compile_schema
+from tailrace.engine.regex_closing import Unsupported
 from tailrace.engine.thinking import Phase, ThinkGate
 from tailrace.engine.transfer import to_device
 from tailrace.sampling_params import SamplingParams, StructuredSpec
@@ -50,13 +54,27 @@ def schema_error(json_schema: str) -> str | None:
 
 
 class SequenceGrammar:
-    """One sequence's matcher; with thinking tokens, it starts at the answer."""
+    """One sequence's matcher; with thinking tokens, it starts at the answer. `closing` keeps the
+    answer finishable within the budget (None: a schema the closer cannot complete, or thinking,
+    whose length the budget cannot plan for)."""
 
-    __slots__ = ("matcher", "gate")
+    __slots__ = ("matcher", "gate", "closing")
 
-    def __init__(self, matcher: llguidance.LLMatcher, gate: ThinkGate | None) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, gate: ThinkGate | None, closing: Closing | None) -> None:
         self.matcher = matcher
         self.gate = gate
+        self.closing = closing
+
+    def choose(self, token_id: int, left_after: int) -> int:
+        """The token to append when `token_id` was sampled with `left_after` tokens of budget
+        after it: itself, or the next token of a valid ending that still fits."""
+        if self.closing is None:
+            return token_id
+        chosen = self.closing.choose(token_id, left_after)
+        if chosen is None or (chosen != token_id and self.matcher.validate_tokens([chosen]) != 1):
+            self.closing = None  # the closer and the grammar disagree: the grammar goes on alone
+            return token_id
+        return chosen
 
     @property
     def constrains_next(self) -> bool:
@@ -77,29 +95,47 @@ class GrammarCompiler:
         self.model_path = model_path
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        self.close_within_budget = True  # False: today's grammar alone (bench/structured_throughput.py compares)
         self._tokenizer: llguidance.LLTokenizer | None = None
-        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._table: TokenTable | None = None
+        # Per schema: the compiled matcher, and the closer's reading (None: it cannot complete it).
+        self._compiled: OrderedDict[str, tuple[llguidance.LLMatcher, Node | None]] = OrderedDict()
 
     def for_sequence(self, params: SamplingParams) -> SequenceGrammar | None:
         """A fresh matcher for one sequence of a constrained request; ValueError if it cannot compile."""
         if params.structured is None:
             return None
-        template = self._compiled.get(params.structured.json_schema)
-        if template is None:
-            template = self._compile(params.structured)
+        compiled = self._compiled.get(params.structured.json_schema)
+        if compiled is None:
+            compiled = self._compile(params.structured)
         else:
             self._compiled.move_to_end(params.structured.json_schema)
+        template, root = compiled
         gate = ThinkGate(params.thinking) if params.thinking is not None else None
-        return SequenceGrammar(template.deep_copy(), gate)
+        closes = self.close_within_budget and root is not None and gate is None
+        closing = Closing(root, self.token_table()) if closes else None
+        return SequenceGrammar(template.deep_copy(), gate, closing)
 
-    def _compile(self, spec: StructuredSpec) -> llguidance.LLMatcher:
+    def _compile(self, spec: StructuredSpec) -> tuple[llguidance.LLMatcher, Node | None]:
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), json_grammar(spec), log_level=_LOG_SILENT)
         if matcher.is_error():
             raise ValueError(f"the response format cannot be enforced: {matcher.get_error()}")
-        self._compiled[spec.json_schema] = matcher
+        try:
+            root = compile_schema(json.loads(spec.json_schema))
+        except Unsupported:
+            root = None
+        self._compiled[spec.json_schema] = matcher, root
         if len(self._compiled) > _COMPILED_CACHE:
             self._compiled.popitem(last=False)
-        return matcher
+        return matcher, root
+
+    def token_table(self) -> TokenTable:
+        if self._table is None:
+            tokenizer = self._llg_tokenizer()
+            ids = range(self.vocab_size)
+            self._table = TokenTable([tokenizer.decode_bytes([i]) for i in ids],
+                                     {i for i in ids if tokenizer.is_special_token(i)})
+        return self._table
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:

@@ -168,7 +168,7 @@ class Generation:
         except asyncio.TimeoutError:
             raise request_timeout(self.ctx.limits.request_timeout_s) from None
         except RequestRejectedError as err:
-            raise invalid_request(str(err)) from None
+            raise invalid_request(str(err), param=err.param) from None
         except RequestFailedError:
             raise internal() from None  # the engine client logged the fault; the client gets no details
         except EngineDeadError as err:
