@@ -197,6 +197,13 @@ class MaskJob:
         order) to -inf in place."""
         self.wait()
         bits = np.unpackbits(self.bitmask.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
+        if logits.device.type == "cpu":
+            # Row by row, each op stays under torch's grain for a parallel region, which on a busy
+            # CPU waits for every thread's core: 4 rows of 8k took ~3 ms at once, 60 us this way.
+            blocked = torch.from_numpy(~bits.view(np.bool_))
+            for k, row in enumerate(rows):
+                logits[row].masked_fill_(blocked[k], float("-inf"))
+            return
         allowed = to_device(torch.from_numpy(bits.view(np.bool_)), logits.device)
         index = to_device(rows, logits.device)
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
