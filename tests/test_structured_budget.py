@@ -94,6 +94,14 @@ def test_a_budget_under_the_shortest_document_is_refused_before_generating(llm, 
 
 def test_the_context_left_counts_as_the_budget(embedded_model):
     small = LLM(embedded_model, max_model_len=48)
+    prompt = small.tokenizer.encode("Answer in JSON, please, as the schema says.")
     schema = {"type": "object", "required": ["a"], "properties": {"a": {"enum": ["x" * 60]}}}
     with pytest.raises(BudgetTooSmall, match="tokens are left in the context"):
-        small.generate(["Answer in JSON, please, as the schema says."], params(schema))
+        small.generate([prompt], params(schema))
+    story = {"type": "object", "required": ["story"], "properties": {"story": {"type": "string"}}}
+    outputs = small.generate([prompt] * 16, [params(story, 1000, seed) for seed in range(16)])
+    for output in outputs:
+        choice = output.outputs[0]
+        assert isinstance(json.loads(choice.text)["story"], str)
+        assert len(prompt) + len(choice.token_ids) <= 48
+    assert any(o.outputs[0].finish_reason == "length" for o in outputs)
