@@ -121,7 +121,7 @@ class ModelRunner:
         if self.device.type == "cuda" and self.attention == "paged" and not config.enforce_eager and tp is None:
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
-        self.masks = MaskWorker(mc.vocab_size)
+        self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
 
     def _gpu_kv_cache_bytes(self, config: EngineConfig, free_before_load: int, dtype_bytes: int) -> int:
         torch.cuda.empty_cache()  # blocks the loader freed would otherwise count as the weights'

@@ -7,7 +7,8 @@ from tokenizer.json and fills masks with the GIL released. On the embedded model
 five-object schema in 8 ms (xgrammar 9.5 ms) and fills an 8k-token mask in about 15 us.
 
 The per-step cost lands only on constrained rows: masks for them are filled on a worker thread
-while the model runs (`MaskJob`), and a step without a constrained row does no grammar work.
+while the model runs on a device, or after the forward on CPU (`MaskJob`), and a step without a
+constrained row does no grammar work.
 """
 
 from __future__ import annotations
@@ -150,15 +151,22 @@ class GrammarCompiler:
 
 
 class MaskWorker:
-    """The model runner's thread for filling masks while the model runs (started on first use)."""
+    """The model runner's thread for filling masks while the model runs on a device (started on
+    first use). With `overlap` off (CPU) the engine thread fills them once the forward is done: a
+    mask thread (and llguidance's own) beside the forward's threads on the same cores slowed every
+    row, 16.5% off the unconstrained decode rate with 4 of 16 rows constrained against 6.0%
+    filling in line (bench/RESULTS.md, issue 15)."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, overlap: bool = True) -> None:
         self.vocab_size = vocab_size
+        self.overlap = overlap
         self._pool: ThreadPoolExecutor | None = None
         self._executor: llguidance.LLExecutor | None = None
 
     def start(self, grammars: list[SequenceGrammar]) -> MaskJob:
-        """Begin filling the masks of these sequences' next tokens."""
+        """Begin filling the masks of these sequences' next tokens (without overlap: when waited for)."""
+        if not self.overlap:
+            return MaskJob(None, None, grammars, self.vocab_size)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailrace-grammar")
             # llguidance spreads a batch over its own threads; on a small CPU one leaves the model its cores.
@@ -170,17 +178,23 @@ class MaskJob:
     """The allowed-token bitmasks of one step's constrained rows: a row of vocab/32 words per
     grammar, bit i of word w allowing token 32*w + i."""
 
-    def __init__(self, pool: ThreadPoolExecutor, executor: llguidance.LLExecutor,
+    def __init__(self, pool: ThreadPoolExecutor | None, executor: llguidance.LLExecutor | None,
                  grammars: list[SequenceGrammar], vocab_size: int) -> None:
+        """With a pool the masks are filled on it now; without, by the first `wait`."""
         self.vocab_size = vocab_size
         self.bitmask = np.zeros((len(grammars), (vocab_size + 31) // 32), dtype=np.uint32)
-        self._done: Future = pool.submit(self._fill, executor, grammars)
+        self._grammars: list[SequenceGrammar] | None = None if pool is not None else grammars
+        self._done: Future | None = pool.submit(self._fill, executor, grammars) if pool is not None else None
 
-    def _fill(self, executor: llguidance.LLExecutor, grammars: list[SequenceGrammar]) -> None:
+    def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar]) -> None:
         # llguidance writes each mask at base + k * row_bytes and releases the GIL while it works.
         row_bytes = self.bitmask.shape[1] * 4
-        executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)],
-                                         self.bitmask.ctypes.data, row_bytes, len(grammars))
+        if executor is not None:
+            executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)],
+                                             self.bitmask.ctypes.data, row_bytes, len(grammars))
+        else:
+            for k, grammar in enumerate(grammars):
+                grammar.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data + k * row_bytes, row_bytes)
         for k, grammar in enumerate(grammars):
             if grammar.gate is not None and grammar.gate.phase is Phase.UNDECIDED:
                 # Before the first token, the model may also open a think block.
@@ -189,7 +203,11 @@ class MaskJob:
 
     def wait(self) -> np.ndarray:
         """The bitmask, once filled."""
-        self._done.result()
+        if self._done is not None:
+            self._done.result()
+        elif self._grammars is not None:
+            self._fill(None, self._grammars)
+            self._grammars = None
         return self.bitmask
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
