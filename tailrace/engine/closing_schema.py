@@ -1,5 +1,7 @@
 """A JSON Schema as the closer reads it: for each node, the shortest value it allows, as the
-grammar writes it (`", "` and `": "` separators, properties in schema order).
+grammar writes it (`", "` and `": "` separators, properties in schema order), and `bound`, the
+longest ending the closer can give from anywhere inside a value of it (a budget at least that
+large needs no closing work yet).
 
 Only what can be completed correctly is taken; anything else raises `Unsupported`, and the
 engine then enforces the schema without closing (see engine/structured.py).
