@@ -8,6 +8,11 @@ a moving average of the step time under each candidate thread count, runs the be
 then tries another. A candidate that keeps losing is tried exponentially less often (every
 _EXPLORE_MIN to _EXPLORE_MAX steps), so a bad try costs a bounded share of the time even when
 it is 20x slower.
+
+The first step of a kind at a thread count is not measured: it pays one-time costs (oneDNN
+creating its kernels for that count, the OpenMP team growing), which measured up to 1-7 s on the
+SmolLM2-135M shape against 25 ms steps. Counted, it made that count lose its first try whatever
+its speed, and pushed its next try twice as far away.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class _Kind:
     """The measurements for one kind of step."""
 
     averages: dict[int, float] = field(default_factory=dict)  # threads -> seconds
+    warmed: set[int] = field(default_factory=set)  # thread counts whose first step has run
     best: int = 0
     steps_to_explore: int = _EXPLORE_MIN
     interval: dict[int, int] = field(default_factory=dict)  # threads -> steps between its tries
@@ -77,6 +83,9 @@ class ThreadTuner:
         self.record(kind, threads, time.perf_counter() - started)
 
     def record(self, kind: _Kind, threads: int, seconds: float) -> None:
+        if threads not in kind.warmed:
+            kind.warmed.add(threads)  # a first step: not a measurement (see the module's docstring)
+            return
         # The best's steps run back to back: smooth them. A try's measurement replaces the tried
         # count's average, which is stale by then (the load may have changed since).
         previous = kind.averages.get(threads)
