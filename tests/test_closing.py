@@ -60,7 +60,9 @@ def test_every_ending_the_closer_proposes_validates_and_the_grammar_accepts_it(c
     root = compile_schema(schema)
     table, closer, text = compiler.token_table(), Closer(root), b""
     for _ in range(rng.randint(0, 80)):
-        tokens = allowed_tokens(grammar)
+        # What the grammar allows and the closer follows (it refuses numbers out of range that
+        # llguidance lets through, see json_closing._Number).
+        tokens = [t for t in allowed_tokens(grammar) if closer.copy().feed(table.token_bytes[t])]
         if not tokens:
             break
         token = rng.choice(tokens)
@@ -135,6 +137,21 @@ def test_a_pattern_ending_completes_every_prefix_to_a_full_match(pattern, walk):
 def test_patterns_the_closer_cannot_complete_are_refused(pattern):
     with pytest.raises(Unsupported):
         PatternDfa(pattern)
+
+
+def test_a_number_the_grammar_lets_out_of_range_gives_way_to_the_ending(compiler):
+    schema = {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.25}}
+    grammar, table = grammar_for(compiler, schema), compiler.token_table()
+    out = []
+    for data in (b"[", b"0", b"]"):  # llguidance 1.9.1 would take `[0]`
+        token = grammar.choose(table.ids[data], 5 - len(out) - 1)
+        grammar.accept(token)
+        out.append(token)
+    while not grammar.matcher.is_accepting():
+        token = grammar.choose(allowed_tokens(grammar)[0], 5 - len(out) - 1)
+        grammar.accept(token)
+        out.append(token)
+    jsonschema.validate(json.loads(b"".join(table.token_bytes[t] for t in out)), schema)
 
 
 def test_an_unsupported_schema_is_still_enforced_without_closing(compiler):

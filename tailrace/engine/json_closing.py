@@ -164,7 +164,10 @@ class _Number(_Frame):
 
     def feed(self, b: int, stack: list[_Frame]) -> int:
         if b not in _NUMBER_BYTES:
-            return DONE_BEFORE if self.typed else FAIL
+            # Only a number the schema allows may end: llguidance 1.9.1 lets `0` through for
+            # exclusiveMinimum 0 with a maximum, and the closer then refuses it (Closing.choose
+            # takes the ending's next token instead).
+            return DONE_BEFORE if self.typed and number_ending(self.node, self.typed) == "" else FAIL
         self.typed += chr(b)
         return CONTINUE
 
