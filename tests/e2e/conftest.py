@@ -102,7 +102,9 @@ def ray_serving(settings: dict[str, object], log_path: Path) -> Iterator[str]:
 def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`http://127.0.0.1:<port>` of a server that answers /health with 200."""
     log_path = tmp_path_factory.mktemp("e2e-server") / "server.log"
-    _server_logs["server"] = log_path
+    # tests/check reuses this fixture, which makes a second session server: each has its own name.
+    name = f"server ({log_path.parent.name})"
+    _server_logs[name] = log_path
     try:
         if THROUGH_RAY:
             yield from ray_serving({"model": model_dir, "api-key": API_KEY, "served-model-name": MODEL,
@@ -110,7 +112,7 @@ def server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         else:
             yield from serving(_serve_args(model_dir), log_path)
     finally:
-        del _server_logs["server"]
+        del _server_logs[name]
 
 
 @pytest.fixture(scope="module")
