@@ -69,9 +69,12 @@ class ModelRunner:
         self._released: list[int] = []  # with tp: sequences released since the last step, for the workers
         # An explicit --threads stays fixed; otherwise each CPU step's thread count is measured (threads.py).
         # Ranks share the cores, and all must run the step before any can go on: a fixed even split.
-        candidates = [config.threads] if config.threads else thread_candidates(available_cores())
-        if tp is not None:
-            candidates = [config.threads or max(1, available_cores() // tp.size)]
+        if config.threads:
+            candidates = [config.threads]
+        elif tp is not None:
+            candidates = [max(1, available_cores() // tp.size)]
+        else:
+            candidates = thread_candidates(available_cores())
         self.threads = ThreadTuner(candidates)
         torch.set_num_threads(self.threads.candidates[0])
         self.device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
