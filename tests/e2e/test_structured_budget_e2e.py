@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from closing_schemas import OBJECT_SCHEMAS, SCHEMAS
 from tailrace.engine.structured import schema_error
 
-from .conftest import API_KEY, MAX_NUM_SEQS, MODEL, serving
+from .conftest import API_KEY, MODEL
 from .test_structured_e2e import streamed_calls, streamed_content
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -35,24 +34,6 @@ MINIMUM = re.compile(r"set max_tokens to at least (\d+)")
 BATCHES = settings(max_examples=3, deadline=None, database=None, phases=[Phase.generate],
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                           HealthCheck.data_too_large])
-
-
-@pytest.fixture(scope="module")
-def api_base(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A server of its own in float32: a seed gives the same tokens whatever the batch only when
-    the arithmetic does not depend on the batch, and bfloat16 on CPU does."""
-    log_path = tmp_path_factory.mktemp("e2e-budget-server") / "server.log"
-    args = [model_dir, "--api-key", API_KEY, "--served-model-name", MODEL, "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--dtype", "float32"]
-    for url in serving(args, log_path):
-        yield f"{url}/v1"
-
-
-@pytest.fixture(scope="module")
-def http(api_base: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api_base.removesuffix("/v1"), headers={"Authorization": f"Bearer {API_KEY}"},
-                      timeout=60) as client:
-        yield client
 
 
 def enforceable(schemas: st.SearchStrategy) -> st.SearchStrategy:
