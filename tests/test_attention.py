@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 
@@ -192,6 +194,18 @@ def test_capacity_growth_within_a_step_keeps_earlier_tokens():
     torch.testing.assert_close(out[1][1:], reference(*long))
 
 
+def test_capacity_shrinks_once_the_long_sequence_is_gone_and_keeps_the_held_tokens():
+    cache = make_cache()
+    short, long = qkv(8, seed=42), qkv(100, seed=43)
+    tables = sequential_tables([8, 100])
+    run_step(cache, make_batch([(0, 0, 6, tables[0]), (1, 0, 100, tables[1])]), *rows_of([short, long], [(0, 6), (0, 100)]))
+    assert cache.capacity == 128
+    cache.release(1)
+    out = run_step(cache, make_batch([(0, 6, 1, tables[0])]), *(t[6:7] for t in short))
+    assert cache.capacity == 16
+    torch.testing.assert_close(out[1][0], reference(*(t[:7] for t in short))[-1])
+
+
 def test_prefilling_slots_between_decoding_slots_are_not_disturbed():
     cache = make_cache()
     tables = sequential_tables([6, 12, 5, 8])
@@ -231,3 +245,59 @@ def test_attend_without_begin_raises():
     q, k, v = qkv(2, seed=7)
     with pytest.raises(RuntimeError, match="begin"):
         cache.attend(0, q, k, v, make_batch([(0, 0, 2, [0])]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    length=st.integers(2, 600),
+    split=st.floats(0.05, 0.95),
+    neighbours=st.lists(st.integers(1, 700), min_size=1, max_size=3),
+    threads=st.sampled_from([1, 2]),
+)
+def test_a_rows_attention_at_bfloat16_is_bitwise_the_same_however_it_is_batched(length, split, neighbours, threads):
+    """A position's output may depend on its own query and keys only: not on whether it is
+    computed in one prefill, in a chunk after cached tokens, by a decode step, next to neighbours
+    whose longer contexts pad the batch, or at another thread count. At bfloat16 on CPU any
+    difference rounds visibly, which is what made bfloat16 change seeded draws."""
+    heads, kv_heads, head_dim, block = 9, 3, 64, 16  # SmolLM2-135M's attention
+    g = torch.Generator().manual_seed(length)
+
+    def tensors(rows: int) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(rows, h, head_dim, generator=g).bfloat16() for h in (heads, kv_heads, kv_heads))
+
+    def step(cache: KVCache, parts: list[tuple[int, int, int]], data: dict[int, tuple]) -> torch.Tensor:
+        """parts: (key, past, q_len); each key owns blocks [key * 64, key * 64 + 64)."""
+        seqs, slots, rows, row = [], [], [], 0
+        for key, past, q_len in parts:
+            table = list(range(key * 64, key * 64 + 64))
+            seqs.append(SeqSlice(key, row, q_len, past + q_len, table))
+            slots += [table[p // block] * block + p % block for p in range(past, past + q_len)]
+            rows.append(tuple(t[past : past + q_len] for t in data[key]))
+            row += q_len
+        batch = AttentionBatch(seqs, torch.tensor(slots))
+        q, k, v = (torch.cat(parts_) for parts_ in zip(*rows))
+        cache.begin(batch)
+        return cache.attend(0, q, k, v, batch)
+
+    def new_cache() -> KVCache:
+        return KVCache(1, kv_heads, head_dim, 64 * 4, block, torch.bfloat16, max_seqs=4)
+
+    data = {0: tensors(length)} | {i + 1: tensors(n) for i, n in enumerate(neighbours)}
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = step(new_cache(), [(0, 0, length)], data)
+        torch.set_num_threads(threads)
+        cut = max(1, min(length - 1, int(length * split)))
+        chunked = new_cache()
+        step(chunked, [(0, 0, cut)], data)
+        assert torch.equal(step(chunked, [(0, cut, length - cut)], data), whole[cut:])
+        decoded = new_cache()
+        step(decoded, [(0, 0, length - 1)], data)
+        assert torch.equal(step(decoded, [(0, length - 1, 1)], data), whole[-1:])
+        batched = new_cache()
+        step(batched, [(0, 0, length - 1)] + [(key, 0, n - 1) for key, n in enumerate(neighbours, 1) if n > 1], data)
+        decode_all = [(0, length - 1, 1)] + [(key, n - 1, 1) for key, n in enumerate(neighbours, 1) if n > 1]
+        assert torch.equal(step(batched, decode_all, data)[:1], whole[-1:])
+    finally:
+        torch.set_num_threads(previous)

@@ -8,6 +8,7 @@ import transformers
 from safetensors.torch import save_file
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model import loader
 from tailrace.model.loader import load_model, resolve_dtype
 
 SMALL = dict(
@@ -109,9 +110,16 @@ def test_bfloat16_load_runs_close_to_float32(single):
     torch.testing.assert_close(low, full, atol=0.05, rtol=0)
 
 
-def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_cuda():
-    assert resolve_dtype("auto", "cpu") == torch.float32
+def test_auto_dtype_is_bfloat16_on_cuda_and_the_checkpoints_16_bits_on_a_cpu_that_computes_them(monkeypatch):
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("auto", "cuda", "float32") == torch.bfloat16
+    for native in (True, False):
+        monkeypatch.setattr(loader, "native_cpu_bfloat16", lambda native=native: native)
+        assert resolve_dtype("auto", "cpu", "float32") == torch.float32
+        assert resolve_dtype("auto", "cpu", "bfloat16") == (torch.bfloat16 if native else torch.float32)
+        assert resolve_dtype("auto", "cpu", "float16") == (torch.bfloat16 if native else torch.float32)
+        assert resolve_dtype("auto", "cpu", "bfloat16", quantization="int8") == torch.float32
+        assert resolve_dtype("float32", "cpu", "bfloat16") == torch.float32
 
 
 def test_unknown_dtype_is_rejected(single):

@@ -8,6 +8,16 @@ batched call per layer. Gathering pages into a padded tensor each step measured 
 on small CPUs, and one call per sequence is dominated by per-call overhead at large batches. A
 slot is filled from the pages only when a sequence starts with K/V it did not compute itself (a
 prefix-cache hit, or a resume after preemption); after that it grows by appends.
+
+A position's attention must not depend on how it is batched. At float32, SDPA's rows differ
+between batch shapes only in MKL's last bit (~1e-7). At bfloat16 CPU SDPA rounds a row
+differently by the query block it falls in and by how far the batch pads its keys (half an ulp
+of the output), so a prompt chunked differently (a prefix-cache hit, the token budget, a
+recompute after preemption) or new neighbours in the batch changed later draws. bfloat16
+therefore attends by plain matmuls, as the reference implementation's eager attention does
+(scores in bfloat16, softmax in float32, probabilities in bfloat16): oneDNN's bfloat16 matmul
+gives every row the same bits whatever the number of rows, batches, padded keys or threads, so
+each position's attention is one fixed computation (tests/test_attention.py pins this bitwise).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 _MIN_SLAB_CAPACITY = 16
+EXACT_ROWS = 256  # query rows per matmul in a bfloat16 prefill: bounds the scores and keeps most of causality's saving
 
 
 @dataclass(slots=True)
@@ -43,6 +54,7 @@ class _Prefill:
     q_end: int
     kv_len: int
     mask: torch.Tensor | None  # lower-right causal mask; only for a chunk after cached tokens
+    blocks: list[tuple[int, int, torch.Tensor]]  # bfloat16 only: (first row, end row, bias [rows, 1, width])
 
 
 @dataclass(slots=True)
@@ -53,6 +65,7 @@ class _Decode:
     max_len: int  # the longest kv_len among them
     mask: torch.Tensor | None  # [S, 1, 1, max_len]: per slot, the positions its query may see;
     # None when every slot decodes and sees all max_len positions
+    bias: torch.Tensor | None  # bfloat16 only: the mask as float32 [S, 1, 1, max_len], 0 or -inf
     rows_are_batch: bool  # the decode rows are the whole flat batch, in order
 
 
@@ -80,8 +93,8 @@ class KVCache:
     Memory: the pages take `num_blocks * bytes_per_block(...)`. The slab takes
     slots x capacity x 2 (K and V) x num_layers x kv_heads x head_dim x dtype size on top, where
     slots is the most sequences held at once rounded up to a power of two (at most max_seqs) and
-    capacity is the longest sequence seen so far rounded up to a power of two (at least 16, at
-    most max_model_len); it never shrinks.
+    capacity is the longest sequence held rounded up to a power of two (at least 16, at most
+    max_model_len), halved back only once every sequence held fits in a quarter of it.
     """
 
     def __init__(
@@ -103,6 +116,7 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.device = torch.device(device)
+        self.exact_matmuls = dtype == torch.bfloat16  # attend by batch-invariant matmuls, not SDPA
         self.max_seqs = max_seqs
         self.max_model_len = max_model_len or num_blocks * block_size
         self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
@@ -132,7 +146,7 @@ class KVCache:
     def begin(self, batch: AttentionBatch) -> None:
         """Give each sequence a slot holding exactly its cached tokens, and plan the step's attention."""
         slots = [self._slot_for(seq.key) for seq in batch.seqs]
-        self._grow(max((seq.kv_len for seq in batch.seqs), default=0), max(slots, default=-1) + 1)
+        self._resize(max((seq.kv_len for seq in batch.seqs), default=0), max(slots, default=-1) + 1)
         row_slots, row_positions, prefills, decoding = [], [], [], []
         for seq, slot in zip(batch.seqs, slots):
             past = seq.kv_len - seq.q_len
@@ -144,8 +158,9 @@ class KVCache:
             if seq.q_len == 1:
                 decoding.append((seq.q_start, slot, seq.kv_len))
             else:
-                mask = self._chunk_mask(past, seq.q_len)
-                prefills.append(_Prefill(slot, seq.q_start, seq.q_start + seq.q_len, seq.kv_len, mask))
+                blocks = self._exact_blocks(past, seq.q_len) if self.exact_matmuls else []
+                mask = None if blocks else self._chunk_mask(past, seq.q_len)
+                prefills.append(_Prefill(slot, seq.q_start, seq.q_start + seq.q_len, seq.kv_len, mask, blocks))
         self._step = _Step(
             batch=batch,
             slab_index=self._slab_index(row_slots, row_positions),
@@ -176,6 +191,9 @@ class KVCache:
         if decoded is not None:
             out.index_copy_(0, step.decode.rows, decoded)
         for p in step.prefills:
+            if p.blocks:
+                out[p.q_start : p.q_end] = _exact_prefill(q[p.q_start : p.q_end], slab_k[p.slot], slab_v[p.slot], p.blocks)
+                continue
             out[p.q_start : p.q_end] = _prefill_attention(
                 q[p.q_start : p.q_end], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask
             )
@@ -200,26 +218,32 @@ class KVCache:
         shape = (self.num_layers, num_slots, self.num_kv_heads, capacity, self.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-    def _grow(self, kv_len: int, num_slots: int) -> None:
+    def _resize(self, kv_len: int, num_slots: int) -> None:
         """Double the capacity until kv_len fits and the slot count until num_slots do, keeping
         the K/V of the slots in use. Slots go lowest first, so a server at concurrency c holds
         about c slots, not max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab
-        is 12 MB instead of 755 MB."""
-        capacity, slots = self.capacity, self.slab_k.shape[1]
-        if kv_len <= capacity and num_slots <= slots:
-            return
+        is 12 MB instead of 755 MB. The capacity halves again while every sequence held fits in
+        a quarter of it: bfloat16 decode reads whole slab rows, so the capacity one long request
+        left behind would otherwise cost every later step."""
         if kv_len > self.max_model_len:
             raise ValueError(f"a sequence of {kv_len} tokens is over max_model_len={self.max_model_len}")
+        capacity, slots = self.capacity, self.slab_k.shape[1]
+        held = max([kv_len] + [self._slot_len[slot] for slot in self._slot_of.values()])
         while capacity < kv_len:
             capacity *= 2
+        while capacity // 2 >= _MIN_SLAB_CAPACITY and held <= capacity // 4:
+            capacity //= 2
         while slots < num_slots:
             slots *= 2
         capacity, slots = min(capacity, self.max_model_len), min(slots, self.max_seqs)
+        if capacity == self.capacity and slots == self.slab_k.shape[1]:
+            return
         used = min(max(self._slot_of.values(), default=-1) + 1, self.slab_k.shape[1])
+        kept = min(capacity, self.capacity)
         old_k, old_v = self.slab_k, self.slab_v
         self.slab_k, self.slab_v = self._new_slab(slots, capacity), self._new_slab(slots, capacity)
-        self.slab_k[:, :used, :, : old_k.shape[3]] = old_k[:, :used]
-        self.slab_v[:, :used, :, : old_v.shape[3]] = old_v[:, :used]
+        self.slab_k[:, :used, :, :kept] = old_k[:, :used, :, :kept]
+        self.slab_v[:, :used, :, :kept] = old_v[:, :used, :, :kept]
         self._index_layers()
 
     def _index_layers(self) -> None:
@@ -246,6 +270,9 @@ class KVCache:
         """decoding: (row, slot, kv_len) per decoding sequence -> metadata shared by every layer."""
         rows, slots, lengths = zip(*decoding)
         num_slots, max_len = max(slots) + 1, max(lengths)
+        if self.exact_matmuls:
+            # Whole slab rows: a shorter run of positions is strided, and matmul copies it first.
+            max_len = self.capacity
         in_order = slots == tuple(range(len(slots)))
         mask = None
         if not in_order or min(lengths) < max_len:
@@ -255,13 +282,30 @@ class KVCache:
                 slot_lengths[slot] = length
             positions = torch.arange(max_len, device=self.device)
             mask = (positions[None, :] < self._index(slot_lengths)[:, None])[:, None, None, :]
+        bias = None
+        if self.exact_matmuls:
+            bias = torch.zeros((num_slots, 1, 1, max_len), device=self.device)
+            if mask is not None:
+                bias.masked_fill_(~mask, float("-inf"))
         return _Decode(
             rows=self._index(rows), slots=None if in_order else self._index(slots), num_slots=num_slots,
-            max_len=max_len, mask=mask, rows_are_batch=rows == tuple(range(num_rows)),
+            max_len=max_len, mask=mask, bias=bias, rows_are_batch=rows == tuple(range(num_rows)),
         )
 
     def _index(self, values: list[int] | tuple[int, ...]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def _exact_blocks(self, past: int, q_len: int) -> list[tuple[int, int, torch.Tensor]]:
+        """A bfloat16 chunk's query rows in runs of EXACT_ROWS, each with the additive causal bias
+        over the keys up to its last row."""
+        blocks = []
+        for start in range(0, q_len, EXACT_ROWS):
+            end = min(q_len, start + EXACT_ROWS)
+            rows = torch.arange(past + start, past + end, device=self.device)
+            cols = torch.arange(past + end, device=self.device)
+            bias = torch.zeros((end - start, 1, cols.shape[0]), device=self.device)
+            blocks.append((start, end, bias.masked_fill_((cols[None, :] > rows[:, None])[:, None], float("-inf"))))
+        return blocks
 
     def _chunk_mask(self, past: int, q_len: int) -> torch.Tensor | None:
         # SDPA's is_causal aligns top-left, which is only right when there is no cached prefix.
@@ -288,13 +332,44 @@ def _decode_attention(q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tenso
         slot_q = rows_q
     else:
         slot_q = q.new_zeros((num_slots, q.shape[1], head_dim)).index_copy_(0, decode.slots, rows_q)
-    slot_out = F.scaled_dot_product_attention(
-        slot_q.reshape(num_slots, num_kv_heads, -1, head_dim),
-        slab_k[:num_slots, :, :max_len],
-        slab_v[:num_slots, :, :max_len],
-        attn_mask=decode.mask,
-    ).view(num_slots, -1, head_dim)
+    slot_q = slot_q.reshape(num_slots, num_kv_heads, -1, head_dim)
+    keys, values = slab_k[:num_slots, :, :max_len], slab_v[:num_slots, :, :max_len]
+    if decode.bias is not None:
+        slot_out = _matmul_attention(slot_q, keys, values, decode.bias, (num_slots, num_kv_heads, slot_q.shape[2], max_len))
+    else:
+        slot_out = F.scaled_dot_product_attention(slot_q, keys, values, attn_mask=decode.mask)
+    slot_out = slot_out.view(num_slots, -1, head_dim)
     return slot_out if decode.slots is None else slot_out.index_select(0, decode.slots)
+
+
+def _matmul_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, grouped_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """q [..., M, D] against keys/values [..., W, D] -> [..., M, D]: the reference implementation's
+    eager attention in bfloat16, in batch-invariant matmuls. bias (float32, 0 or -inf) broadcasts
+    against the scores viewed as grouped_shape."""
+    scores = torch.matmul(q, keys.transpose(-1, -2))
+    logits = torch.add(bias, scores.view(grouped_shape), alpha=q.shape[-1] ** -0.5)
+    return torch.matmul(torch.softmax(logits, -1).to(q.dtype).view(scores.shape), values)
+
+
+def _exact_prefill(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks: list[tuple[int, int, torch.Tensor]]
+) -> torch.Tensor:
+    """q [L, H, D] against one slot's keys/values [kvH, capacity, D] -> [L, H, D], block by block.
+    The G query heads of a KV head and the block's rows become one matrix of rows x G rows."""
+    num_kv_heads, head_dim = keys.shape[0], keys.shape[2]
+    out = q.new_empty(q.shape)
+    for start, end, bias in blocks:
+        rows, width = end - start, bias.shape[-1]
+        grouped = q[start:end].view(rows, num_kv_heads, -1, head_dim).permute(1, 0, 2, 3)
+        group = grouped.shape[2]
+        attended = _matmul_attention(
+            grouped.reshape(num_kv_heads, rows * group, head_dim), keys[:, :width], values[:, :width],
+            bias, (num_kv_heads, rows, group, width),
+        )
+        out[start:end] = attended.view(num_kv_heads, rows, group, head_dim).permute(1, 0, 2, 3).reshape(rows, -1, head_dim)
+    return out
 
 
 def _prefill_attention(

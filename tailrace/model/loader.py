@@ -37,15 +37,15 @@ def load_model(
     path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0,
     quantization: str | None = None, shard: Shard | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto"
-    is float32 on CPU and bfloat16 on CUDA; load_format "dummy" needs only the config; quantization
+    """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto":
+    see resolve_dtype; load_format "dummy" needs only the config; quantization
     "int8" / "int4" quantizes the projections after loading (see quant). With a `shard`, the model is
     that tensor-parallel rank's part (tp_shard), read from the checkpoint alone; the config returned
     is the whole model's."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, config.torch_dtype, quantization)
     if shard is not None:
         check_shardable(config, shard.size)
     with torch.device(device):
@@ -70,12 +70,26 @@ def load_model(
     return model.eval(), config
 
 
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32", quantization: str | None = None) -> torch.dtype:
+    """"auto" is bfloat16 on CUDA. On CPU it is bfloat16 for a checkpoint stored in 16 bits (as
+    released models are) when the CPU computes bfloat16 natively and the weights are not quantized
+    (int8 / int4 run on float32 activations): there it halves the bytes every decode step streams
+    and is as exact as float32 (model.attention). Otherwise float32, so a float32 checkpoint (the
+    embedded model's) keeps its own precision."""
     if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16
+        if checkpoint_dtype in ("bfloat16", "float16") and quantization is None and native_cpu_bfloat16():
+            return torch.bfloat16
+        return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; supported: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def native_cpu_bfloat16() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 matmuls in hardware, not emulated through float32."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def checkpoint_files(path: str) -> list[str]:
