@@ -126,17 +126,18 @@ def main() -> None:
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}; "
                         "free first (the others are measured against it)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per core (default: cores - 1)")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="bench/out/structured_throughput.json")
     args = parser.parse_args()
 
     def core(closing: bool) -> EngineCore:
-        engine = EngineCore(EngineConfig(model=args.model, max_num_seqs=args.concurrency, threads=args.threads,
-                                         kv_cache_memory_gb=0.125))
+        engine = EngineCore(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=args.concurrency,
+                                         threads=args.threads, kv_cache_memory_gb=0.125))
         engine.grammars.close_within_budget = closing
         return engine
 
     cores = {name: core(SETUPS[name][1]) for name in args.setups.split(",")}
-    tokenizer = load_tokenizer(cores["free"].config.model_path)
+    tokenizer = load_tokenizer(next(iter(cores.values())).config.model_path)
     prompt = tokenizer.encode(tokenizer.apply_chat_template(
         [{"role": "user", "content": "Describe a user of our shop."}]), add_special_tokens=False)
     loops = {}

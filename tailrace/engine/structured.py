@@ -218,9 +218,11 @@ class MaskJob:
         if logits.device.type == "cpu":
             # Row by row, each op stays under torch's grain for a parallel region, which on a busy
             # CPU waits for every thread's core: 4 rows of 8k took ~3 ms at once, 60 us this way.
-            blocked = torch.from_numpy(~bits.view(np.bool_))
+            # Adding (bit - 1) * 2**23 read as float32 (0.0, or -inf's bit pattern) measured half the
+            # time of masked_fill_ at 4 rows of 49k (118 against 218 us), with the same logits.
+            bias = torch.from_numpy(bits).to(torch.int32).sub_(1).mul_(1 << 23).view(torch.float32)
             for k, row in enumerate(rows):
-                logits[row].masked_fill_(blocked[k], float("-inf"))
+                logits[row].add_(bias[k])
             return
         allowed = to_device(torch.from_numpy(bits.view(np.bool_)), logits.device)
         index = to_device(rows, logits.device)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 _MIN_SLAB_CAPACITY = 16
+_CAPACITY_STEP = 64
 EXACT_ROWS = 256  # query rows per matmul in a bfloat16 prefill: bounds the scores and keeps most of causality's saving
 
 
@@ -93,8 +94,8 @@ class KVCache:
     Memory: the pages take `num_blocks * bytes_per_block(...)`. The slab takes
     slots x capacity x 2 (K and V) x num_layers x kv_heads x head_dim x dtype size on top, where
     slots is the most sequences held at once rounded up to a power of two (at most max_seqs) and
-    capacity is the longest sequence held rounded up to a power of two (at least 16, at most
-    max_model_len), halved back only once every sequence held fits in a quarter of it.
+    capacity is the longest sequence held plus a quarter, rounded up to 64 (at most
+    max_model_len), shrunk back once every sequence held fits in half of it.
     """
 
     def __init__(
@@ -219,20 +220,20 @@ class KVCache:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _resize(self, kv_len: int, num_slots: int) -> None:
-        """Double the capacity until kv_len fits and the slot count until num_slots do, keeping
-        the K/V of the slots in use. Slots go lowest first, so a server at concurrency c holds
-        about c slots, not max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab
-        is 12 MB instead of 755 MB. The capacity halves again while every sequence held fits in
-        a quarter of it: bfloat16 decode reads whole slab rows, so the capacity one long request
-        left behind would otherwise cost every later step."""
+        """Grow the capacity to a quarter over kv_len (in steps of _CAPACITY_STEP) when kv_len does
+        not fit, and the slot count by doubling until num_slots do, keeping the K/V of the slots
+        in use. Slots go lowest first, so a server at concurrency c holds about c slots, not
+        max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab is 15 MB instead of
+        755 MB. The capacity shrinks the same way once every sequence held fits in half of it.
+        bfloat16 decode reads whole slab rows, so capacity beyond the longest sequence costs
+        every step: doubling would waste up to half of that read, a quarter's headroom costs a
+        copy of the slab every ~25% of growth instead."""
         if kv_len > self.max_model_len:
             raise ValueError(f"a sequence of {kv_len} tokens is over max_model_len={self.max_model_len}")
         capacity, slots = self.capacity, self.slab_k.shape[1]
         held = max([kv_len] + [self._slot_len[slot] for slot in self._slot_of.values()])
-        while capacity < kv_len:
-            capacity *= 2
-        while capacity // 2 >= _MIN_SLAB_CAPACITY and held <= capacity // 4:
-            capacity //= 2
+        if kv_len > capacity or (held <= capacity // 2 and capacity > _MIN_SLAB_CAPACITY):
+            capacity = max(_MIN_SLAB_CAPACITY, -(-(held + held // 4) // _CAPACITY_STEP) * _CAPACITY_STEP)
         while slots < num_slots:
             slots *= 2
         capacity, slots = min(capacity, self.max_model_len), min(slots, self.max_seqs)
