@@ -220,9 +220,9 @@ class KVCache:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _resize(self, kv_len: int, num_slots: int) -> None:
-        """Grow the capacity to a quarter over kv_len (in steps of _CAPACITY_STEP) when kv_len does
-        not fit, and the slot count by doubling until num_slots do, keeping the K/V of the slots
-        in use. Slots go lowest first, so a server at concurrency c holds about c slots, not
+        """When kv_len does not fit, set the capacity to the longest sequence held plus a quarter
+        (in steps of _CAPACITY_STEP); double the slot count until num_slots fit; keep the K/V of
+        the slots in use. Slots go lowest first, so a server at concurrency c holds about c slots, not
         max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab is 15 MB instead of
         755 MB. The capacity shrinks the same way once every sequence held fits in half of it.
         bfloat16 decode reads whole slab rows, so capacity beyond the longest sequence costs
