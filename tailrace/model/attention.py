@@ -177,12 +177,11 @@ class KVCache:
         step = self._step
         if step is None or batch is not step.batch:
             raise RuntimeError("KVCache.begin(batch) must be called with this batch before the forward")
-        pages_k, pages_v, slab_k, slab_v = self._layers[layer]
-        pages_k.index_copy_(0, batch.slot_mapping, k)
-        pages_v.index_copy_(0, batch.slot_mapping, v)
+        slab_k, slab_v = self._layers[layer]
         slab_k.view(-1, self.head_dim).index_copy_(0, step.slab_index, k.reshape(-1, self.head_dim))
         slab_v.view(-1, self.head_dim).index_copy_(0, step.slab_index, v.reshape(-1, self.head_dim))
         if layer == self.num_layers - 1:
+            self._store_pages(batch.slot_mapping, step.slab_index)
             for seq in batch.seqs:
                 self._slot_len[self._slot_of[seq.key]] = seq.kv_len
         decoded = None if step.decode is None else _decode_attention(q, slab_k, slab_v, step.decode)
@@ -248,8 +247,16 @@ class KVCache:
         self._index_layers()
 
     def _index_layers(self) -> None:
-        """Each layer's pages and slab as views made once (again when the slab grows), not per call."""
-        self._layers = list(zip(self.k.unbind(0), self.v.unbind(0), self.slab_k.unbind(0), self.slab_v.unbind(0)))
+        """Each layer's slab as views made once (again when the slab is resized), not per call."""
+        self._layers = list(zip(self.slab_k.unbind(0), self.slab_v.unbind(0)))
+
+    def _store_pages(self, slot_mapping: torch.Tensor, slab_index: torch.Tensor) -> None:
+        """Copy the step's new K/V of every layer from the slab into the pages at once: two ops
+        per tensor a step instead of one per layer (60 fewer small ops a step on 30 layers).
+        Nothing reads the pages before the next `begin`."""
+        for pages, slab in ((self.k, self.slab_k), (self.v, self.slab_v)):
+            new = slab.view(self.num_layers, -1, self.head_dim)[:, slab_index]
+            pages.index_copy_(1, slot_mapping, new.view(self.num_layers, -1, self.num_kv_heads, self.head_dim))
 
     def _fill_from_pages(self, slot: int, block_table: list[int], end: int) -> None:
         start = self._slot_len[slot]
