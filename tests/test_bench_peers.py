@@ -80,7 +80,10 @@ def test_transformers_gets_the_model_threads_and_kv_blocks_and_no_unknown_fields
     server = transformers.launch(Path("/peers/transformers"), settings(threads=3, dtype="bfloat16"))
     assert server.command[:3] == ["/peers/transformers/venv/bin/transformers", "serve", EMBEDDED_MODEL]
     assert flag(server.command, "--port") == "8123" and flag(server.command, "--dtype") == "bfloat16"
-    assert int(flag(server.command, "--cb-num-blocks")) == transformers.kv_blocks(EMBEDDED_MODEL, 0.5)
+    assert int(flag(server.command, "--cb-num-blocks")) == transformers.kv_blocks(EMBEDDED_MODEL, 0.5, "bfloat16")
+    # The embedded model's checkpoint is float32; served at bfloat16 each block takes half the bytes.
+    half, full = (transformers.kv_blocks(EMBEDDED_MODEL, 0.5, dtype) for dtype in ("bfloat16", "float32"))
+    assert half in (2 * full, 2 * full + 1)
     assert server.env["OMP_NUM_THREADS"] == "3" and server.env["HF_HUB_OFFLINE"] == "1"
     assert server.model == EMBEDDED_MODEL and server.exact_length is False
     assert json.loads(server.extra_body["generation_config"]) == {"eos_token_id": -1, "do_sample": False}

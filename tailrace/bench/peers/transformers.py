@@ -31,12 +31,13 @@ def ensure_installed(directory: Path) -> None:
     mark_installed(directory, PINS)
 
 
-def kv_blocks(model_dir: str, memory_gb: float) -> int:
-    """How many of the peer's KV blocks fit in `memory_gb`, from the model's config.json."""
+def kv_blocks(model_dir: str, memory_gb: float, dtype: str) -> int:
+    """How many of the peer's KV blocks fit in `memory_gb`: the shape from the model's
+    config.json, the bytes per value from the dtype it is served at (not the checkpoint's)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    item_bytes = 4 if config.get("dtype", config.get("torch_dtype")) in (None, "float32") else 2
+    item_bytes = 4 if dtype == "float32" else 2
     bytes_per_token = config["num_hidden_layers"] * 2 * kv_heads * head_dim * item_bytes
     return max(1, int(memory_gb * 2**30) // (bytes_per_token * PAGE_SIZE))
 
@@ -44,7 +45,7 @@ def kv_blocks(model_dir: str, memory_gb: float) -> int:
 def launch(directory: Path, settings: PeerSettings) -> PeerServer:
     command = [str(directory / "venv" / "bin" / "transformers"), "serve", settings.model_dir,
                "--continuous-batching", "--device", "cpu", "--dtype", settings.dtype,
-               "--cb-num-blocks", str(kv_blocks(settings.model_dir, settings.kv_cache_gb)),
+               "--cb-num-blocks", str(kv_blocks(settings.model_dir, settings.kv_cache_gb, settings.dtype)),
                "--host", "127.0.0.1", "--port", str(settings.port), "--log-level", "warning"]
     # torch takes its thread count from OMP_NUM_THREADS.
     return PeerServer(command, offline_env(OMP_NUM_THREADS=str(settings.threads)), model=settings.model_dir,
