@@ -17,9 +17,7 @@ import time
 from datetime import datetime, timezone
 
 import torch
-from decode_step import forward_step, load_as_engine  # bench/ is on sys.path when a script here runs
-
-from tailrace.model.attention import KVCache
+from decode_step import forward_step, load_as_engine, prefilled_cache  # bench/ is on sys.path when a script here runs
 
 
 def main() -> None:
@@ -33,18 +31,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, config = load_as_engine(args.model, "bfloat16", load_format="dummy")
-    block, rows = 16, []
-    per_seq = -(-(args.context + args.steps + 1) // block)
+    rows = []
     with torch.inference_mode():
         for batch in args.batch:
-            tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
             caches = {}
             for exact in (False, True):
-                cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                                per_seq * batch, block, model.dtype, max_seqs=batch, max_model_len=per_seq * block)
-                cache.exact_matmuls = exact
-                forward_step(model, cache, tables, [list(range(3, 3 + args.context))] * batch, 0)
-                caches[exact] = cache
+                # Both caches hold the same K/V; only the decode steps' attention differs.
+                caches[exact], tables = prefilled_cache(model, config, batch, args.context, args.steps)
+                caches[exact].exact_matmuls = exact
             times: dict[bool, list[float]] = {False: [], True: []}
             for i in range(args.steps):
                 for exact, cache in caches.items():

@@ -66,16 +66,23 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def decode_step_times(model, config, batch: int, context: int, steps: int) -> list[float]:
+def prefilled_cache(model, config, batch: int, context: int, steps: int) -> tuple[KVCache, list[list[int]]]:
+    """A KV cache holding `batch` sequences of `context` tokens, filled by one prefill, with room
+    for `steps` more each, and the sequences' block tables."""
     block = 16
     per_seq = -(-(context + steps + 1) // block)
     cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
                     model.dtype, max_seqs=batch, max_model_len=per_seq * block)
     tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
+    with torch.inference_mode():
+        forward_step(model, cache, tables, [list(range(3, 3 + context))] * batch, 0)
+    return cache, tables
+
+
+def decode_step_times(model, config, batch: int, context: int, steps: int) -> list[float]:
+    cache, tables = prefilled_cache(model, config, batch, context, steps)
     times = []
     with torch.inference_mode():
-        # One prefill of every sequence fills the cache to `context`.
-        forward_step(model, cache, tables, [list(range(3, 3 + context))] * batch, 0)
         ids = [[5]] * batch
         for i in range(steps):
             start = time.perf_counter()

@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600, help="measured steps per setup")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}; "
-                        "free first (the others are measured against it)")
+                        "free among them (the others are measured against it)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per core (default: cores - 1)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="bench/out/structured_throughput.json")

@@ -191,12 +191,11 @@ class KVCache:
         if decoded is not None:
             out.index_copy_(0, step.decode.rows, decoded)
         for p in step.prefills:
+            rows = slice(p.q_start, p.q_end)
             if p.blocks:
-                out[p.q_start : p.q_end] = _exact_prefill(q[p.q_start : p.q_end], slab_k[p.slot], slab_v[p.slot], p.blocks)
+                _exact_prefill(q[rows], slab_k[p.slot], slab_v[p.slot], p.blocks, out[rows])
                 continue
-            out[p.q_start : p.q_end] = _prefill_attention(
-                q[p.q_start : p.q_end], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask
-            )
+            out[rows] = _prefill_attention(q[rows], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask)
         return out
 
     def release(self, key: int) -> None:
@@ -221,8 +220,8 @@ class KVCache:
     def _resize(self, kv_len: int, num_slots: int) -> None:
         """When kv_len does not fit, set the capacity to the longest sequence held plus a quarter
         (in steps of _CAPACITY_STEP); double the slot count until num_slots fit; keep the K/V of
-        the slots in use. Slots go lowest first, so a server at concurrency c holds about c slots, not
-        max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab is 15 MB instead of
+        the slots in use. Slots go lowest first, so a server at concurrency c holds about c
+        slots, not max_seqs: at 1 sequence of 256 tokens the SmolLM2-135M shape's slab is 15 MB instead of
         755 MB. The capacity shrinks the same way once every sequence held fits in half of it.
         bfloat16 decode reads whole slab rows, so capacity beyond the longest sequence costs
         every step: doubling would waste up to half of that read, a quarter's headroom costs a
@@ -292,9 +291,7 @@ class KVCache:
             mask = (positions[None, :] < self._index(slot_lengths)[:, None])[:, None, None, :]
         bias = None
         if self.exact_matmuls:
-            bias = torch.zeros((num_slots, 1, 1, max_len), device=self.device)
-            if mask is not None:
-                bias.masked_fill_(~mask, float("-inf"))
+            bias = torch.zeros((num_slots, 1, 1, max_len), device=self.device) if mask is None else _additive(mask)
         return _Decode(
             rows=self._index(rows), slots=None if in_order else self._index(slots), num_slots=num_slots,
             max_len=max_len, mask=mask, bias=bias, rows_are_batch=rows == tuple(range(num_rows)),
@@ -311,8 +308,7 @@ class KVCache:
             end = min(q_len, start + EXACT_ROWS)
             rows = torch.arange(past + start, past + end, device=self.device)
             cols = torch.arange(past + end, device=self.device)
-            bias = torch.zeros((end - start, 1, cols.shape[0]), device=self.device)
-            blocks.append((start, end, bias.masked_fill_((cols[None, :] > rows[:, None])[:, None], float("-inf"))))
+            blocks.append((start, end, _additive(cols[None, :] <= rows[:, None])[:, None]))
         return blocks
 
     def _chunk_mask(self, past: int, q_len: int) -> torch.Tensor | None:
@@ -343,11 +339,17 @@ def _decode_attention(q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tenso
     slot_q = slot_q.reshape(num_slots, num_kv_heads, -1, head_dim)
     keys, values = slab_k[:num_slots, :, :max_len], slab_v[:num_slots, :, :max_len]
     if decode.bias is not None:
-        slot_out = _matmul_attention(slot_q, keys, values, decode.bias, (num_slots, num_kv_heads, slot_q.shape[2], max_len))
+        grouped_shape = (num_slots, num_kv_heads, slot_q.shape[2], max_len)
+        slot_out = _matmul_attention(slot_q, keys, values, decode.bias, grouped_shape)
     else:
         slot_out = F.scaled_dot_product_attention(slot_q, keys, values, attn_mask=decode.mask)
     slot_out = slot_out.view(num_slots, -1, head_dim)
     return slot_out if decode.slots is None else slot_out.index_select(0, decode.slots)
+
+
+def _additive(visible: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as the float32 bias _matmul_attention adds: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
 def _matmul_attention(
@@ -362,12 +364,12 @@ def _matmul_attention(
 
 
 def _exact_prefill(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks: list[tuple[int, int, torch.Tensor]]
-) -> torch.Tensor:
-    """q [L, H, D] against one slot's keys/values [kvH, capacity, D] -> [L, H, D], block by block.
-    The G query heads of a KV head and the block's rows become one matrix of rows x G rows."""
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks: list[tuple[int, int, torch.Tensor]],
+    out: torch.Tensor,
+) -> None:
+    """q [L, H, D] against one slot's keys/values [kvH, capacity, D] into out [L, H, D], block by
+    block. The G query heads of a KV head and the block's rows become one matrix of rows x G rows."""
     num_kv_heads, head_dim = keys.shape[0], keys.shape[2]
-    out = q.new_empty(q.shape)
     for start, end, bias in blocks:
         rows, width = end - start, bias.shape[-1]
         grouped = q[start:end].view(rows, num_kv_heads, -1, head_dim).permute(1, 0, 2, 3)
@@ -376,8 +378,8 @@ def _exact_prefill(
             grouped.reshape(num_kv_heads, rows * group, head_dim), keys[:, :width], values[:, :width],
             bias, (num_kv_heads, rows, group, width),
         )
-        out[start:end] = attended.view(num_kv_heads, rows, group, head_dim).permute(1, 0, 2, 3).reshape(rows, -1, head_dim)
-    return out
+        out[start:end].view(rows, num_kv_heads, group, head_dim).copy_(
+            attended.view(num_kv_heads, rows, group, head_dim).permute(1, 0, 2, 3))
 
 
 def _prefill_attention(
