@@ -22,10 +22,11 @@ from datetime import datetime, timezone
 import torch
 import torch.nn.functional as F
 
-from tailrace.engine.config import EMBEDDED_MODEL
+from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.cpu_linear import PackedLinear, pack_linears, packable
 from tailrace.model.loader import load_model
+from tailrace.model.paged_attention import PagedKVCache
 from tailrace.model.quant import QUANTIZATIONS
 
 _BANDWIDTH_BYTES = 1 << 30
@@ -66,13 +67,21 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def prefilled_cache(model, config, batch: int, context: int, steps: int) -> tuple[KVCache, list[list[int]]]:
+def new_cache(config, num_blocks: int, block_size: int, dtype: torch.dtype, max_seqs: int, max_model_len: int,
+              attention: str = "auto"):
+    """The KV cache of `--attention` (auto: the one the engine would use on this CPU)."""
+    kind = PagedKVCache if resolve_attention(attention, "cpu") == "paged" else KVCache
+    return kind(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks, block_size, dtype,
+                max_seqs=max_seqs, max_model_len=max_model_len)
+
+
+def prefilled_cache(model, config, batch: int, context: int, steps: int,
+                    attention: str = "auto") -> tuple[KVCache, list[list[int]]]:
     """A KV cache holding `batch` sequences of `context` tokens, filled by one prefill, with room
     for `steps` more each, and the sequences' block tables."""
     block = 16
     per_seq = -(-(context + steps + 1) // block)
-    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
-                    model.dtype, max_seqs=batch, max_model_len=per_seq * block)
+    cache = new_cache(config, per_seq * batch, block, model.dtype, batch, per_seq * block, attention)
     tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
     with torch.inference_mode():
         forward_step(model, cache, tables, [list(range(3, 3 + context))] * batch, 0)
@@ -109,11 +118,10 @@ def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list
     return model.compute_logits(hidden[last])
 
 
-def sequence_cache(model, config, tokens: int, block: int = 16) -> tuple[KVCache, list[int]]:
+def sequence_cache(model, config, tokens: int, block: int = 16, attention: str = "auto") -> tuple[KVCache, list[int]]:
     """An empty KV cache just large enough for one sequence of `tokens` tokens, and its block table."""
     blocks = -(-tokens // block)
-    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, blocks, block,
-                    model.dtype, max_seqs=1, max_model_len=blocks * block)
+    cache = new_cache(config, blocks, block, model.dtype, 1, blocks * block, attention)
     return cache, list(range(blocks))
 
 

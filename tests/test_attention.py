@@ -1,4 +1,5 @@
-"""KVCache: paged writes, the slot slab and causal attention over a flat batch."""
+"""KVCache: paged writes, the slot slab and causal attention over a flat batch; and the batch
+invariance of attention, on the slab and in tailrace's paged CPU kernel."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.cpu_kernels import kernels
+from tailrace.model.paged_attention import PagedKVCache
+
+# tailrace's paged CPU kernel, where it runs (AVX512 and a compiler)
+PAGED_NATIVE = [pytest.param("paged", dtype, marks=pytest.mark.skipif(kernels() is None, reason="no tailrace CPU kernels"))
+                for dtype in (torch.bfloat16, torch.float32)]
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 4, 2, 8, 4, 32
 
@@ -254,16 +261,18 @@ def test_attend_without_begin_raises():
     neighbours=st.lists(st.integers(1, 700), min_size=1, max_size=3),
     threads=st.sampled_from([1, 2]),
 )
-def test_a_rows_attention_at_bfloat16_is_bitwise_the_same_however_it_is_batched(length, split, neighbours, threads):
+@pytest.mark.parametrize("layout, dtype", [("slab", torch.bfloat16), *PAGED_NATIVE])
+def test_a_rows_attention_is_bitwise_the_same_however_it_is_batched(layout, dtype, length, split, neighbours, threads):
     """A position's output may depend on its own query and keys only: not on whether it is
     computed in one prefill, in a chunk after cached tokens, by a decode step, next to neighbours
     whose longer contexts pad the batch, or at another thread count. At bfloat16 on CPU any
-    difference rounds visibly, which is what made bfloat16 change seeded draws."""
+    difference rounds visibly, which is what made bfloat16 change seeded draws. The slab holds
+    it at bfloat16 (batch-invariant matmuls); tailrace's paged kernel at both dtypes."""
     heads, kv_heads, head_dim, block = 9, 3, 64, 16  # SmolLM2-135M's attention
     g = torch.Generator().manual_seed(length)
 
     def tensors(rows: int) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.randn(rows, h, head_dim, generator=g).bfloat16() for h in (heads, kv_heads, kv_heads))
+        return tuple(torch.randn(rows, h, head_dim, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
 
     def step(cache: KVCache, parts: list[tuple[int, int, int]], data: dict[int, tuple]) -> torch.Tensor:
         """parts: (key, past, q_len); each key owns blocks [key * 64, key * 64 + 64)."""
@@ -280,7 +289,8 @@ def test_a_rows_attention_at_bfloat16_is_bitwise_the_same_however_it_is_batched(
         return cache.attend(0, q, k, v, batch)
 
     def new_cache() -> KVCache:
-        return KVCache(1, kv_heads, head_dim, 64 * 4, block, torch.bfloat16, max_seqs=4)
+        kind = KVCache if layout == "slab" else PagedKVCache
+        return kind(1, kv_heads, head_dim, 64 * 4, block, dtype, max_seqs=4)
 
     data = {0: tensors(length)} | {i + 1: tensors(n) for i, n in enumerate(neighbours)}
     previous = torch.get_num_threads()

@@ -5,6 +5,7 @@ import pytest
 
 from tailrace.cli import build_parser, engine_config_from
 from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
+from tailrace.model import cpu_kernels
 
 
 def test_auto_device_is_cuda_when_a_gpu_is_visible_else_cpu():
@@ -22,10 +23,17 @@ def test_cuda_without_a_gpu_is_an_error():
         resolve_device("cuda", cuda_available=False)
 
 
-def test_auto_attention_is_the_slab_on_cpu_and_paged_on_cuda():
-    assert resolve_attention("auto", "cpu") == "slab"
+def test_auto_attention_is_paged_on_cuda_and_on_cpus_that_run_tailraces_kernels(monkeypatch):
     assert resolve_attention("auto", "cuda") == "paged"
     assert resolve_attention("auto", "cuda:1") == "paged"
+    monkeypatch.setattr(cpu_kernels, "kernels", lambda: object())
+    assert resolve_attention("auto", "cpu") == "paged"
+
+
+def test_auto_attention_is_the_slab_on_cpus_without_tailraces_kernels(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
+    assert resolve_attention("auto", "cpu") == "slab"
+    assert resolve_attention("auto", "cuda") == "paged"
 
 
 def test_an_explicit_attention_is_kept_on_either_device():

@@ -6,6 +6,7 @@ import torch
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.model.attention import KVCache
+from tailrace.model.cpu_kernels import kernels
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.sampling_params import SamplingParams
 from test_engine_core import prompts, run
@@ -31,12 +32,13 @@ def slab(embedded_model) -> EngineCore:
     return make_core(attention="slab")
 
 
-def test_on_cpu_auto_is_float32_on_the_slab(embedded_model):
+def test_on_cpu_auto_is_float32_paged_where_tailraces_kernels_run_else_on_the_slab(embedded_model):
     if torch.cuda.is_available():
         pytest.skip("auto picks CUDA here")
     runner = make_core(num_kv_blocks=8).runner
-    assert (runner.device.type, runner.attention, runner.model.dtype) == ("cpu", "slab", torch.float32)
-    assert isinstance(runner.cache, KVCache) and runner.graphs is None
+    layout, cache = ("paged", PagedKVCache) if kernels() is not None else ("slab", KVCache)
+    assert (runner.device.type, runner.attention, runner.model.dtype) == ("cpu", layout, torch.float32)
+    assert isinstance(runner.cache, cache) and runner.graphs is None
 
 
 def test_the_paged_layout_reserves_one_scratch_block_past_the_managed_ones(embedded_model):

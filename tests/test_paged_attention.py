@@ -1,11 +1,13 @@
-"""Paged attention: the PyTorch reference, PagedKVCache against KVCache, and the Triton kernel."""
+"""Paged attention: the PyTorch reference, tailrace's CPU kernel, PagedKVCache against KVCache,
+and the Triton kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tailrace.model import triton_attention
+from tailrace.model import paged_attention, triton_attention
+from tailrace.model.cpu_kernels import kernels
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.paged_attention import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
 
@@ -69,6 +71,41 @@ def test_reference_matches_naive_attention_on_a_mixed_batch(group, block_size):
     torch.testing.assert_close(out, naive_attention(q, k_pages, v_pages, MIXED, meta))
 
 
+needs_kernels = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernels do not run here")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_cpu_kernel_matches_naive_attention_on_a_mixed_batch(group, block_size, dtype, tolerance):
+    """Block sizes that hold whole runs of 16 positions and one that does not (a table look-up per
+    position); padding sequences with no rows; rows past every sequence stay zero."""
+    blocks = NUM_BLOCKS * 32 // block_size
+    meta = make_meta(MIXED, block_size, blocks, seed=group)
+    q, k_pages, v_pages = random_inputs(MIXED, group, blocks * block_size, seed=block_size)
+    extra = torch.randn(3, *q.shape[1:])
+    out = kernels().paged_attention(torch.cat([q, extra]).to(dtype), k_pages.to(dtype), v_pages.to(dtype),
+                                    meta.query_start_loc, meta.seq_lens, meta.block_tables, block_size,
+                                    meta.num_seqs, SCALE)
+    expected = naive_attention(q, k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta)
+    torch.testing.assert_close(out[: q.shape[0]].float(), expected, atol=tolerance, rtol=tolerance)
+    assert not out[q.shape[0]:].any()
+
+
+@needs_kernels
+def test_cpu_kernel_refuses_what_it_cannot_compute():
+    meta = make_meta([(0, 2)], 16, 4, seed=0)
+    q, k_pages, v_pages = random_inputs([(0, 2)], 1, 64, seed=0)
+    args = (meta.query_start_loc, meta.seq_lens, meta.block_tables, 16, 1, SCALE)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels().paged_attention(q[..., :24], k_pages[..., :24].contiguous(), v_pages[..., :24].contiguous(), *args)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernels().paged_attention(q.bfloat16(), k_pages, v_pages, *args)
+    with pytest.raises(RuntimeError, match="bad query_start_loc"):
+        kernels().paged_attention(q[:1], k_pages, v_pages, *args)
+
+
 # PagedKVCache against KVCache: the same AttentionBatch objects through both, step by step.
 
 LAYERS, BLOCK_SIZE = 2, 16
@@ -125,7 +162,15 @@ def run_against_kv_cache(paged: PagedKVCache) -> None:
 
 
 def test_paged_cache_matches_kv_cache_step_by_step():
+    """On CPU through tailrace's kernel where it runs, else the PyTorch reference."""
     run_against_kv_cache(PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False))
+
+
+def test_paged_cache_on_the_reference_path_matches_kv_cache(monkeypatch):
+    monkeypatch.setattr(paged_attention, "kernels", lambda: None)
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)
+    assert cache._native_attention is None
+    run_against_kv_cache(cache)
 
 
 def test_paged_cache_has_the_kv_cache_page_size():

@@ -75,7 +75,7 @@ def test_unknown_quantization_is_refused():
 
 
 def _prefill_logits(model, config, tokens: list[int]) -> torch.Tensor:
-    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 8, 16, torch.float32)
+    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 8, 16, model.dtype)
     batch = AttentionBatch([SeqSlice(0, 0, len(tokens), len(tokens), list(range(8)))], torch.arange(len(tokens)))
     cache.begin(batch)
     return model.compute_logits(model(torch.tensor(tokens), torch.arange(len(tokens)), batch, cache))

@@ -80,8 +80,11 @@ def resolve_device(device: str, cuda_available: bool) -> str:
 
 
 def resolve_attention(attention: str, device: str) -> str:
-    """"auto" is the slot slab on CPU (measured faster there) and paged attention (the Triton kernel
-    over block tables) on CUDA."""
+    """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
+    kernel on CPUs with AVX512 (model/cpu_kernels.py). Elsewhere on CPU it is the slot slab,
+    which measured faster there than PyTorch ops over the pages."""
     if attention == "auto":
-        return "paged" if device.startswith("cuda") else "slab"
+        from tailrace.model.cpu_kernels import kernels
+
+        return "paged" if device.startswith("cuda") or kernels() is not None else "slab"
     return attention

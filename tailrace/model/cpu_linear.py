@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from tailrace.model import bf16_linear
 from tailrace.model.llama import LlamaForCausalLM, Module, replace_projections
 
 # The row count oneDNN picks its blocking for: decode batches of a loaded server, measured best
@@ -38,6 +39,15 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Every projection (and the tied LM head) as a PackedLinear, in place."""
-    replace_projections(model, PackedLinear)
+    """Every projection (and the tied LM head) packed once, in place: bfloat16 ones through
+    tailrace's kernel where the CPU has AVX512-BF16 (faster at every batch size measured,
+    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear."""
+    own = model.dtype == torch.bfloat16 and bf16_linear.available()
+
+    def make(weight: torch.Tensor, bias: torch.Tensor | None) -> Module:
+        if own and bf16_linear.kernel_takes(weight):
+            return bf16_linear.Bf16Linear(weight, bias)
+        return PackedLinear(weight, bias)
+
+    replace_projections(model, make)
     return model

@@ -1,10 +1,13 @@
-"""Attention read straight from the paged KV cache through block tables: the CUDA backend's cache.
+"""Attention read straight from the paged KV cache through block tables: the cache of CUDA and of
+CPUs with AVX512.
 
 `PagedKVCache` has the public interface of `attention.KVCache`, without its slot slab: nothing
 is copied out of the pages. Each step, `begin` sends the batch's metadata (where each sequence's
 rows start, its K/V length, its block table) to the device in one copy, into tensors that keep
-their addresses for CUDA graphs. Attention then runs the Triton kernel on CUDA, or
-`paged_attention_reference` (plain PyTorch, one SDPA call per sequence) where Triton cannot run.
+their addresses for CUDA graphs. Attention then runs the Triton kernel on CUDA, tailrace's own
+kernel on CPUs with AVX512 (csrc/paged_attention.cpp: each position's attention is one fixed
+computation, the same bits in any batch, chunking or thread count), or
+`paged_attention_reference` (plain PyTorch, one SDPA call per sequence) where neither can run.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, new_pages
+from tailrace.model.cpu_kernels import kernels
 from tailrace.model.triton_attention import paged_attention_triton, triton_available
 
 
@@ -100,6 +104,8 @@ class PagedKVCache:
         # A table never holds more blocks than the cache has, however long the context may be.
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
         self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
+        native = kernels() if self.device.type == "cpu" and not self.use_triton else None
+        self._native_attention = None if native is None else native.paged_attention
         self.scale = head_dim**-0.5
         self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
         # One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
@@ -141,10 +147,14 @@ class PagedKVCache:
             raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
         self.k[layer].index_copy_(0, batch.slot_mapping, k)
         self.v[layer].index_copy_(0, batch.slot_mapping, v)
+        meta = self.metadata
+        if self._native_attention is not None:
+            return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
+                                          meta.block_tables, self.block_size, meta.num_seqs, self.scale)
         if not self.use_triton:
-            return paged_attention_reference(q, self.k[layer], self.v[layer], self.metadata, self.scale)
+            return paged_attention_reference(q, self.k[layer], self.v[layer], meta, self.scale)
         out = q.new_empty(q.shape)
-        paged_attention_triton(q, self.k[layer], self.v[layer], self.metadata, out, self.scale)
+        paged_attention_triton(q, self.k[layer], self.v[layer], meta, out, self.scale)
         return out
 
     def release(self, key: int) -> None:

@@ -1,0 +1,54 @@
+"""bfloat16 projections on CPUs with AVX512-BF16 through tailrace's own kernel (csrc/bf16_linear.cpp).
+
+The kernel streams the weights at the memory's rate for one decode row and keeps the property
+the engine's exactness needs: a row's bits depend neither on the other rows of the batch nor on
+the thread count (each output accumulates its K pairs in order, whatever the tiling).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tailrace.model.cpu_kernels import has_bf16_dot, kernels
+from tailrace.model.llama import Module
+
+_LANES = 16
+
+
+def available() -> bool:
+    """This CPU has the bfloat16 dot product and the kernels built."""
+    return has_bf16_dot() and kernels() is not None
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N / 16), K / 2, 32]: 16 outputs a vector, K in adjacent pairs, zero rows
+    padding the last vector."""
+    n, k = weight.shape
+    vectors = -(-n // _LANES)
+    padded = torch.zeros(vectors * _LANES, k, dtype=torch.bfloat16)
+    padded[:n] = weight
+    return padded.view(vectors, _LANES, k // 2, 2).transpose(1, 2).contiguous().view(vectors, k // 2, 2 * _LANES)
+
+
+def kernel_takes(weight: torch.Tensor) -> bool:
+    """The kernel reads K in pairs."""
+    return weight.shape[1] % 2 == 0
+
+
+def _padded(values: torch.Tensor, length: int) -> torch.Tensor:
+    out = torch.zeros(length, dtype=values.dtype)
+    out[: values.shape[0]] = values
+    return out
+
+
+class Bf16Linear(Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.register_buffer("packed", pack(weight.detach()))
+        # float32 and padded to whole vectors: the kernel adds it before rounding, 16 at a time
+        self.register_buffer("bias", None if bias is None else _padded(bias.detach().float(), self.packed.shape[0] * _LANES))
+        self._linear = kernels().bf16_linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.packed, self.bias, self.out_features)

@@ -1,0 +1,64 @@
+"""tailrace's own CPU kernels (csrc/), compiled once per torch build and loaded on first use.
+
+- `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16), see bf16_linear.py.
+- `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
+
+Both give every row the same bits whatever the batch, chunking or thread count, which the
+engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
+C++ compiler (about 30 s, cached under torch's extensions directory); where that cannot happen,
+or the CPU lacks AVX512, `kernels()` is None and the model keeps the oneDNN/SDPA paths.
+TAILRACE_CPU_KERNELS=0 turns them off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp")]
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+# What the kernels execute, as /proc/cpuinfo names it; the bfloat16 dot product only in bf16_linear.
+_NEEDED = {"avx512f", "avx512bw", "avx512vl"}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def has_bf16_dot() -> bool:
+    return "avx512_bf16" in cpu_flags()
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The compiled module, or None where it cannot run here."""
+    if os.environ.get("TAILRACE_CPU_KERNELS", "1") == "0" or not _NEEDED <= cpu_flags():
+        return None
+    from torch.utils import cpp_extension
+
+    path = os.environ.get("PATH", "")
+    try:
+        import ninja  # the pip package's binary: a venv's bin/ need not be on PATH
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])
+        return cpp_extension.load(name="tailrace_cpu_kernels", sources=[str(s) for s in _SOURCES],
+                                  extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as error:  # no compiler or ninja: the PyTorch paths serve instead
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        logger.warning("tailrace's CPU kernels did not build (%s); using PyTorch's kernels", first_line)
+        return None
+    finally:
+        os.environ["PATH"] = path

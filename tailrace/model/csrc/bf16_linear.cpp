@@ -1,0 +1,144 @@
+// y = x @ W.T (+ bias) for bfloat16 x and W on CPUs with AVX512-BF16, every output row computed
+// the same way whatever the batch: the engine's exactness rests on a row's bits not depending on
+// its neighbours, the batch size or the thread count.
+//
+// W is packed once at load as [NV][KP][16][2]: 16 outputs to a vector, K in pairs (vdpbf16ps
+// multiplies a pair of bfloat16 and adds both products to a float32 lane). Each output lane owns
+// one float32 accumulator that runs over the pairs in order 0..KP-1, so the tiling (rows per tile,
+// vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks only
+// park the accumulators in float32 between blocks, which is exact.
+//
+// Why not oneDNN: its packed bfloat16 GEMV streams weights at about 14 GB/s on this machine where
+// the cores read 30 (bench/RESULTS.md), and one decode step is mostly weight streaming.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;       // outputs per vector
+constexpr int64_t kVectors = 4;      // vectors per tile: independent accumulator chains per row
+constexpr int64_t kRows = 4;         // rows per tile: each weight load serves this many rows
+constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
+
+struct Problem {
+    const uint16_t* x;   // [M][K]
+    const uint16_t* w;   // [NV][KP][32]
+    const float* bias;   // [NV * 16] or nullptr
+    uint16_t* y;         // [M][N]
+    int64_t M, K, N, KP, NV;
+};
+
+template <int MT, int NT>
+void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, float* part, bool first,
+          bool last) {
+    __m512 acc[MT][NT];
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+    const uint16_t* w = p.w + v0 * p.KP * 2 * kLanes;
+    const uint16_t* x = p.x + m0 * p.K;
+    for (int64_t kp = kp0; kp < kp1; ++kp) {
+        __m512i wv[NT];
+        for (int j = 0; j < NT; ++j)
+            wv[j] = _mm512_loadu_si512(w + (j * p.KP + kp) * 2 * kLanes);
+        for (int i = 0; i < MT; ++i) {
+            const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * kp));
+            for (int j = 0; j < NT; ++j)
+                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)wv[j]);
+        }
+    }
+    if (!last) {
+        for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NT; ++j)
+                _mm512_storeu_ps(part + (i * kVectors + j) * kLanes, acc[i][j]);
+        return;
+    }
+    for (int j = 0; j < NT; ++j) {
+        const int64_t n0 = (v0 + j) * kLanes;
+        const int64_t valid = std::min<int64_t>(kLanes, p.N - n0);
+        const __mmask16 mask = valid >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+        const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
+        for (int i = 0; i < MT; ++i) {
+            const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i][j], b));
+            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask, (__m256i)out);
+        }
+    }
+}
+
+template <int MT>
+void tile_rows(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1, float* part,
+               bool first, bool last) {
+    switch (nt) {
+        case 1: return tile<MT, 1>(p, m0, v0, kp0, kp1, part, first, last);
+        case 2: return tile<MT, 2>(p, m0, v0, kp0, kp1, part, first, last);
+        case 3: return tile<MT, 3>(p, m0, v0, kp0, kp1, part, first, last);
+        default: return tile<MT, 4>(p, m0, v0, kp0, kp1, part, first, last);
+    }
+}
+
+void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1,
+              float* part, bool first, bool last) {
+    switch (mt) {
+        case 1: return tile_rows<1>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        case 2: return tile_rows<2>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        case 3: return tile_rows<3>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        default: return tile_rows<4>(p, m0, v0, nt, kp0, kp1, part, first, last);
+    }
+}
+
+// One thread's share: vector groups [g0, g1), every row. K is the middle loop so that a group's
+// block of weights is read from memory once and reused by every row tile from cache.
+void run_groups(const Problem& p, int64_t g0, int64_t g1) {
+    const int64_t row_tiles = (p.M + kRows - 1) / kRows;
+    const int64_t blocks = (p.KP + kBlockPairs - 1) / kBlockPairs;
+    std::vector<float> parts(blocks > 1 ? row_tiles * kRows * kVectors * kLanes : 0);
+    for (int64_t g = g0; g < g1; ++g) {
+        const int64_t v0 = g * kVectors;
+        const int64_t nt = std::min(kVectors, p.NV - v0);
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t kp0 = b * kBlockPairs;
+            const int64_t kp1 = std::min(p.KP, kp0 + kBlockPairs);
+            for (int64_t t = 0; t < row_tiles; ++t) {
+                const int64_t m0 = t * kRows;
+                float* part = parts.empty() ? nullptr : parts.data() + t * kRows * kVectors * kLanes;
+                tile_any(p, m0, std::min(kRows, p.M - m0), v0, nt, kp0, kp1, part, b == 0, b == blocks - 1);
+            }
+        }
+    }
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
+                     int64_t n) {
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16,
+                "bf16_linear takes bfloat16 input and packed weights");
+    TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kLanes && packed.is_contiguous(),
+                "packed weights must be [NV, K/2, 32]");
+    const int64_t K = x.size(-1);
+    TORCH_CHECK(K == 2 * packed.size(1), "input width ", K, " does not match the packed weights' ", 2 * packed.size(1));
+    const torch::Tensor rows = x.reshape({-1, K}).contiguous();
+    const int64_t M = rows.size(0);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    torch::Tensor y = torch::empty(shape, x.options());
+    if (M == 0)
+        return y;
+    Problem p{reinterpret_cast<const uint16_t*>(rows.data_ptr()),
+              reinterpret_cast<const uint16_t*>(packed.data_ptr()),
+              bias ? bias->data_ptr<float>() : nullptr,
+              reinterpret_cast<uint16_t*>(y.data_ptr()),
+              M, K, n, K / 2, packed.size(0)};
+    const int64_t groups = (p.NV + kVectors - 1) / kVectors;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { run_groups(p, g0, g1); });
+    return y;
+}
+
+}  // namespace
+
+void register_bf16_linear(pybind11::module& m) {
+    m.def("bf16_linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16, AVX512-BF16)");
+}

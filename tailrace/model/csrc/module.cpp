@@ -1,0 +1,11 @@
+// tailrace's CPU kernels as one extension module (one compile), built by tailrace/model/cpu_kernels.py.
+
+#include <torch/extension.h>
+
+void register_bf16_linear(pybind11::module& m);
+void register_paged_attention(pybind11::module& m);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    register_bf16_linear(m);
+    register_paged_attention(m);
+}

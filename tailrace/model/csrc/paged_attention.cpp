@@ -1,0 +1,237 @@
+// Causal attention on the CPU read straight from the paged KV cache, for bfloat16 and float32.
+//
+// Each query row of each head is one fixed computation over its sequence's positions 0..p in
+// order: scores as float32 dot products (16 lanes, then the same reduction tree every time), a
+// float32 softmax, the values summed into float32 in position order. No step of it depends on the
+// other rows, the batch, how a prompt was chunked or the thread count, so a position's output has
+// the same bits in a prefill, in a chunk after cached tokens and in any decode batch: what the
+// engine's exactness needs, and what CPU SDPA (blocked by query rows and padded keys) does not give.
+// Reading the pages in place also means no second copy of the K/V, and no per-layer matmul calls
+// (about 50 us each at one row in oneDNN).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const c10::BFloat16* p) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+inline void store16(c10::BFloat16* p, __m512 v) {
+    // Round to nearest even, as PyTorch's own float -> bfloat16 conversion (NaN kept quiet).
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+}
+
+// exp(x) for x <= 0 (scores minus their maximum): 2^n * e^r with |r| <= ln2 / 2, a degree-6
+// polynomial for e^r (relative error about 2e-7); below -87 it is 0.
+inline __m512 exp16(__m512 x) {
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+    r = _mm512_fnmadd_ps(n, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512 result = _mm512_scalef_ps(p, n);
+    return _mm512_mask_mov_ps(result, tiny, _mm512_setzero_ps());
+}
+
+template <typename T>
+struct Problem {
+    const T* q;  // [rows][heads][dim]
+    const T* k;  // [page rows][kv heads][dim]
+    const T* v;
+    T* out;      // [rows][heads][dim]
+    const int32_t* tables;  // block b of sequence s at tables[s * table_seq_stride + b * table_block_stride]
+    int64_t table_seq_stride, table_block_stride, block_size;
+    int64_t heads, kv_heads, dim;
+    float scale;
+};
+
+// The 16 lane sums of v[0..15], lane j holding v[j]'s: a fixed tree of shuffles and adds, so each
+// sum's rounding depends on its own vector alone, never on the others or on how many are live.
+inline __m512 sum_lanes16(__m512 v[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int j = 0; j < 8; ++j)
+        w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[j], v[j + 8], 0x44), _mm512_shuffle_f32x4(v[j], v[j + 8], 0xEE));
+    for (int j = 0; j < 4; ++j)
+        x[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[j], w[j + 4], 0x88), _mm512_shuffle_f32x4(w[j], w[j + 4], 0xDD));
+    for (int j = 0; j < 2; ++j)
+        y[j] = _mm512_add_ps(_mm512_unpacklo_ps(x[j], x[j + 2]), _mm512_unpackhi_ps(x[j], x[j + 2]));
+    const __m512 z = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(y[0]), _mm512_castps_pd(y[1]))),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(y[0]), _mm512_castps_pd(y[1]))));
+    // The tree leaves v[j]'s sum in lane order 0,2,1,3,8,10,9,11,4,6,5,7,12,14,13,15.
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), z);
+}
+
+template <typename T>
+struct Rows {
+    // Page rows of positions [base, base + count), count <= 16: one table look-up when a block
+    // holds whole groups of 16, else one per position.
+    const Problem<T>& p;
+    const int32_t* table;
+
+    void fill(int64_t base, int64_t count, int64_t out[16]) const {
+        if (p.block_size % kLanes == 0) {
+            const int64_t first = static_cast<int64_t>(table[(base / p.block_size) * p.table_block_stride]) * p.block_size +
+                                  base % p.block_size;
+            for (int64_t t = 0; t < count; ++t)
+                out[t] = first + t;
+            return;
+        }
+        for (int64_t t = 0; t < count; ++t) {
+            const int64_t pos = base + t;
+            out[t] = static_cast<int64_t>(table[(pos / p.block_size) * p.table_block_stride]) * p.block_size + pos % p.block_size;
+        }
+    }
+};
+
+// One query row of one head: the row sees positions 0..last of sequence `seq`.
+template <typename T>
+void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int64_t last, std::vector<float>& scores) {
+    const int64_t n = last + 1, dim = p.dim, vecs = dim / kLanes;
+    const int64_t kv_head = head / (p.heads / p.kv_heads);
+    const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
+    scores.resize(((n + kLanes - 1) / kLanes) * kLanes);
+    __m512 q[16];  // dim <= 256
+    const T* q_row = p.q + (row * p.heads + head) * dim;
+    for (int64_t i = 0; i < vecs; ++i)
+        q[i] = load16(q_row + i * kLanes);
+    const __m512 scale = _mm512_set1_ps(p.scale);
+    int64_t page_rows[16];
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    for (int64_t base = 0; base < n; base += kLanes) {
+        const int64_t count = std::min<int64_t>(kLanes, n - base);
+        rows.fill(base, count, page_rows);
+        __m512 dots[16];
+        for (int64_t t = 0; t < kLanes; ++t) {
+            if (t >= count) {
+                dots[t] = _mm512_setzero_ps();
+                continue;
+            }
+            const T* key = p.k + (page_rows[t] * p.kv_heads + kv_head) * dim;
+            __m512 acc = _mm512_mul_ps(q[0], load16(key));
+            for (int64_t i = 1; i < vecs; ++i)
+                acc = _mm512_fmadd_ps(q[i], load16(key + i * kLanes), acc);
+            dots[t] = acc;
+        }
+        const __mmask16 live = count >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+        const __m512 s = _mm512_mul_ps(sum_lanes16(dots), scale);
+        _mm512_storeu_ps(scores.data() + base, s);
+        best = _mm512_mask_max_ps(best, live, best, s);
+    }
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t base = 0; base < n; base += kLanes) {
+        const __mmask16 live = n - base >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (n - base)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores.data() + base), max)));
+        _mm512_storeu_ps(scores.data() + base, e);
+        total = _mm512_add_ps(total, e);
+    }
+    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    __m512 acc[16];
+    for (int64_t i = 0; i < vecs; ++i)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t base = 0; base < n; base += kLanes) {
+        const int64_t count = std::min<int64_t>(kLanes, n - base);
+        rows.fill(base, count, page_rows);
+        for (int64_t t = 0; t < count; ++t) {
+            const T* value = p.v + (page_rows[t] * p.kv_heads + kv_head) * dim;
+            const __m512 weight = _mm512_set1_ps(scores[base + t]);
+            for (int64_t i = 0; i < vecs; ++i)
+                acc[i] = _mm512_fmadd_ps(weight, load16(value + i * kLanes), acc[i]);
+        }
+    }
+    T* out = p.out + (row * p.heads + head) * dim;
+    for (int64_t i = 0; i < vecs; ++i)
+        store16(out + i * kLanes, _mm512_mul_ps(acc[i], inverse));
+}
+
+template <typename T>
+void run(const Problem<T>& p, const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_last) {
+    const int64_t items = static_cast<int64_t>(row_seq.size()) * p.heads;
+    at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores;
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t row = item / p.heads;
+            if (row_seq[row] >= 0)
+                attend_row(p, row, item % p.heads, row_seq[row], row_last[row], scores);
+        }
+    });
+}
+
+// q [T, H, D]; k_pages, v_pages [P, kvH, D]; query_start_loc [>= B + 1], seq_lens [>= B] (int32);
+// block_tables [B', max_blocks] int32, any strides. Rows outside every sequence are zero.
+torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
+                              const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                              const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) {
+    const torch::Tensor q = q_any.contiguous();
+    TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 3 && k_pages.is_contiguous() && v_pages.is_contiguous(),
+                "q [T, H, D] and contiguous pages [P, kvH, D]");
+    TORCH_CHECK(q.scalar_type() == k_pages.scalar_type() && q.scalar_type() == v_pages.scalar_type(),
+                "q and the pages must share a dtype");
+    const int64_t dim = q.size(2);
+    TORCH_CHECK(dim % kLanes == 0 && dim <= 256, "head_dim must be a multiple of 16, at most 256");
+    TORCH_CHECK(q.size(1) % k_pages.size(1) == 0, "query heads must be a multiple of KV heads");
+    TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
+                block_tables.scalar_type() == torch::kInt32, "metadata must be int32");
+    const int32_t* loc = query_start_loc.data_ptr<int32_t>();
+    const int32_t* lens = seq_lens.data_ptr<int32_t>();
+    const int64_t rows = q.size(0);
+    std::vector<int64_t> row_seq(rows, -1), row_last(rows, 0);
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t start = loc[s], end = loc[s + 1], len = lens[s];
+        TORCH_CHECK(0 <= start && start <= end && end <= rows && end - start <= len, "bad query_start_loc/seq_lens");
+        for (int64_t r = start; r < end; ++r) {
+            row_seq[r] = s;
+            row_last[r] = len - (end - r);
+        }
+    }
+    torch::Tensor out = torch::zeros_like(q);
+    auto launch = [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        Problem<T> p{q.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
+                     block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
+                     q.size(1), k_pages.size(1), dim, static_cast<float>(scale)};
+        run(p, row_seq, row_last);
+    };
+    if (q.scalar_type() == torch::kBFloat16)
+        launch(static_cast<c10::BFloat16*>(nullptr));
+    else if (q.scalar_type() == torch::kFloat32)
+        launch(static_cast<float*>(nullptr));
+    else
+        TORCH_CHECK(false, "paged_attention takes bfloat16 or float32");
+    return out;
+}
+
+}  // namespace
+
+void register_paged_attention(pybind11::module& m) {
+    m.def("paged_attention", &paged_attention,
+          "causal attention of q [T, H, D] over paged K/V through block tables (bfloat16 or float32)");
+}

@@ -1,0 +1,97 @@
+"""bfloat16 projections through tailrace's kernel: the packed layout, the arithmetic against a
+float32 reference, and the batch invariance the engine's exactness rests on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailrace.model import bf16_linear
+from tailrace.model.bf16_linear import Bf16Linear, kernel_takes, pack
+from tailrace.model.cpu_linear import PackedLinear, pack_linears
+from tailrace.model.loader import load_model
+
+from conftest import EMBEDDED
+from test_quant import _prefill_logits
+
+needs_kernel = pytest.mark.skipif(not bf16_linear.available(), reason="no AVX512-BF16 or no tailrace CPU kernels here")
+
+
+def random_linear(out_features: int, in_features: int, bias: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(out_features, in_features, generator=g) * 0.05).bfloat16()
+    return weight, torch.randn(out_features, generator=g).bfloat16() if bias else None
+
+
+def test_pack_puts_16_outputs_in_a_vector_and_k_in_pairs():
+    weight = torch.arange(20 * 6, dtype=torch.float32).view(20, 6).bfloat16()
+    packed = pack(weight)
+    assert packed.shape == (2, 3, 32)
+    # vector v, pair p, lane l, element e holds W[16 v + l, 2 p + e]; rows past 20 are zero
+    assert packed[1, 2, 2 * 3 + 1] == weight[19, 5]
+    assert packed[0, 1, 2 * 15] == weight[15, 2]
+    assert not packed[1, :, 8:].any()
+
+
+def test_the_kernel_takes_k_in_pairs_only():
+    assert kernel_takes(torch.empty(4, 64)) and not kernel_takes(torch.empty(4, 63))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows, out_features, in_features", [
+    (1, 1728, 576), (3, 49, 576), (7, 576, 1536), (37, 100, 1152), (5, 64, 2050),
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_a_float32_product_of_the_same_bfloat16_values(rows, out_features, in_features, bias):
+    """Widths over one K block (256 pairs), outputs not a whole vector, row counts not a whole tile."""
+    weight, b = random_linear(out_features, in_features, bias, seed=rows)
+    x = torch.randn(rows, in_features).bfloat16()
+    got = Bf16Linear(weight, b)(x)
+    expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # float32 accumulation, then one rounding to bfloat16: within half an ulp of 2^-8 relative
+    torch.testing.assert_close(got.float(), expected, rtol=2**-8, atol=1e-2)
+
+
+@needs_kernel
+def test_keeps_leading_dimensions():
+    weight, _ = random_linear(48, 32, False, seed=0)
+    x = torch.randn(2, 3, 32).bfloat16()
+    assert torch.equal(Bf16Linear(weight, None)(x), Bf16Linear(weight, None)(x.view(6, 32)).view(2, 3, 48))
+
+
+@needs_kernel
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 70), out_features=st.integers(1, 200), pairs=st.integers(1, 600),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(rows, out_features, pairs, threads, seed):
+    weight, bias = random_linear(out_features, 2 * pairs, True, seed)
+    linear = Bf16Linear(weight, bias)
+    x = torch.randn(rows, 2 * pairs, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batched = linear(x)
+        torch.set_num_threads(threads)
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(rows)])
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(batched, alone)
+
+
+@needs_kernel
+def test_pack_linears_takes_the_kernel_for_bfloat16_and_onednn_for_float32():
+    bf16, config = load_model(str(EMBEDDED), dtype="bfloat16")
+    reference, _ = load_model(str(EMBEDDED), dtype="bfloat16")
+    pack_linears(bf16)
+    kinds = {type(m) for m in bf16.modules() if isinstance(m, (Bf16Linear, PackedLinear))}
+    assert kinds == {Bf16Linear} and isinstance(bf16.lm_head, Bf16Linear)
+    tokens = list(range(300, 364))
+    got, expected = _prefill_logits(bf16, config, tokens), _prefill_logits(reference, config, tokens)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+    fp32, _ = load_model(str(EMBEDDED), dtype="float32")
+    pack_linears(fp32)
+    assert not any(isinstance(m, Bf16Linear) for m in fp32.modules())
