@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
+from tailrace.model import cpu_ops
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.cpu_linear import PackedLinear, pack_linears, packable
+from tailrace.model.cpu_linear import PackedLinear, packable
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.model.quant import QUANTIZATIONS
@@ -34,11 +35,10 @@ _BANDWIDTH_BYTES = 1 << 30
 
 def load_as_engine(model_dir: str, dtype: str = "float32", quantization: str | None = None,
                    load_format: str = "auto", pack: bool = True):
-    """The model as the engine's model runner prepares it on the CPU: loaded, then quantized or packed."""
+    """The model as the engine's model runner prepares it on the CPU: loaded, quantized or packed,
+    and with tailrace's elementwise kernels where they run."""
     model, config = load_model(model_dir, dtype=dtype, load_format=load_format, quantization=quantization)
-    if pack and quantization is None and packable(model.dtype, torch.device("cpu")):
-        pack_linears(model)
-    return model, config
+    return cpu_ops.prepare(model, torch.device("cpu"), quantization) if pack else model, config
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:

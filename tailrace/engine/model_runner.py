@@ -25,8 +25,8 @@ from tailrace.engine.structured import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
 from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
+from tailrace.model import cpu_ops
 from tailrace.model.attention import KVCache
-from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
@@ -92,8 +92,7 @@ class ModelRunner:
             device=str(self.device), seed=config.seed, quantization=config.quantization,
             shard=None if tp is None else tp.shard,
         )
-        if config.quantization is None and packable(self.model.dtype, self.device):
-            pack_linears(self.model)
+        cpu_ops.prepare(self.model, self.device, config.quantization)
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size

@@ -2,6 +2,8 @@
 
 - `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16), see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
+- `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
+  see cpu_ops.py.
 
 Both give every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
@@ -20,7 +22,8 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp")]
+_SOURCES = [Path(__file__).with_name("csrc") / name
+            for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 # What the kernels execute, as /proc/cpuinfo names it; the bfloat16 dot product only in bf16_linear.
 _NEEDED = {"avx512f", "avx512bw", "avx512vl"}

@@ -130,6 +130,7 @@ class Attention(Module):
         self.o_proj = Linear(q_size, config.hidden_size, False, dtype)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.rotate = apply_rotary  # model/cpu_ops.py puts a one-call kernel here on CPU
 
     def forward(
         self,
@@ -146,9 +147,14 @@ class Attention(Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # q and k heads rotate together: one set of elementwise ops instead of two
-        q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = self.rotate(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         out = cache.attend(self.layer, q, k, v, batch)
         return self.o_proj(out.reshape(x.shape[0], -1))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class MLP(Module):
@@ -156,10 +162,10 @@ class MLP(Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
+        self.act_and_mul = silu_and_mul  # model/cpu_ops.py puts a one-call kernel here on CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(Module):

@@ -4,8 +4,10 @@
 
 void register_bf16_linear(pybind11::module& m);
 void register_paged_attention(pybind11::module& m);
+void register_elementwise(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
     register_paged_attention(m);
+    register_elementwise(m);
 }

@@ -11,7 +11,8 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+
+#include "vec.h"
 
 #include <cmath>
 #include <cstdint>
@@ -19,51 +20,16 @@
 
 namespace {
 
-constexpr int kLanes = 16;
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-inline __m512 load16(const c10::BFloat16* p) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-
-inline void store16(c10::BFloat16* p, __m512 v) {
-    // Round to nearest even, as PyTorch's own float -> bfloat16 conversion (NaN kept quiet).
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
-}
-
-// exp(x) for x <= 0 (scores minus their maximum): 2^n * e^r with |r| <= ln2 / 2, a degree-6
-// polynomial for e^r (relative error about 2e-7); below -87 it is 0.
-inline __m512 exp16(__m512 x) {
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    const __m512 result = _mm512_scalef_ps(p, n);
-    return _mm512_mask_mov_ps(result, tiny, _mm512_setzero_ps());
-}
+using tailrace::exp16;
+using tailrace::kLanes;
+using tailrace::lanes;
+using tailrace::load16;
+using tailrace::store16;
 
 template <typename T>
 struct Problem {
-    const T* q;  // [rows][heads][dim]
+    const T* q;  // [rows][heads][dim], rows q_stride apart
+    int64_t q_stride;
     const T* k;  // [page rows][kv heads][dim]
     const T* v;
     T* out;      // [rows][heads][dim]
@@ -119,7 +85,7 @@ void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int
     const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
     scores.resize(((n + kLanes - 1) / kLanes) * kLanes);
     __m512 q[16];  // dim <= 256
-    const T* q_row = p.q + (row * p.heads + head) * dim;
+    const T* q_row = p.q + row * p.q_stride + head * dim;
     for (int64_t i = 0; i < vecs; ++i)
         q[i] = load16(q_row + i * kLanes);
     const __m512 scale = _mm512_set1_ps(p.scale);
@@ -140,7 +106,7 @@ void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int
                 acc = _mm512_fmadd_ps(q[i], load16(key + i * kLanes), acc);
             dots[t] = acc;
         }
-        const __mmask16 live = count >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+        const __mmask16 live = lanes(count);
         const __m512 s = _mm512_mul_ps(sum_lanes16(dots), scale);
         _mm512_storeu_ps(scores.data() + base, s);
         best = _mm512_mask_max_ps(best, live, best, s);
@@ -148,7 +114,7 @@ void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int
     const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(best));
     __m512 total = _mm512_setzero_ps();
     for (int64_t base = 0; base < n; base += kLanes) {
-        const __mmask16 live = n - base >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (n - base)) - 1);
+        const __mmask16 live = lanes(n - base);
         const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(scores.data() + base), max)));
         _mm512_storeu_ps(scores.data() + base, e);
         total = _mm512_add_ps(total, e);
@@ -190,7 +156,9 @@ void run(const Problem<T>& p, const std::vector<int64_t>& row_seq, const std::ve
 torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                               const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                               const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) {
-    const torch::Tensor q = q_any.contiguous();
+    // q may be a view of rows of the fused q/k/v projection: each row's heads contiguous is enough
+    const bool rows_packed = q_any.dim() == 3 && q_any.stride(2) == 1 && q_any.stride(1) == q_any.size(2);
+    const torch::Tensor q = rows_packed ? q_any : q_any.contiguous();
     TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 3 && k_pages.is_contiguous() && v_pages.is_contiguous(),
                 "q [T, H, D] and contiguous pages [P, kvH, D]");
     TORCH_CHECK(q.scalar_type() == k_pages.scalar_type() && q.scalar_type() == v_pages.scalar_type(),
@@ -212,10 +180,10 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
             row_last[r] = len - (end - r);
         }
     }
-    torch::Tensor out = torch::zeros_like(q);
+    torch::Tensor out = torch::zeros(q.sizes(), q.options());
     auto launch = [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        Problem<T> p{q.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
+        Problem<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
                      q.size(1), k_pages.size(1), dim, static_cast<float>(scale)};
         run(p, row_seq, row_last);

@@ -1,0 +1,157 @@
+// The elementwise steps of a decoder layer as one call each, for bfloat16 and float32 rows on the
+// CPU: RMSNorm, rotary embedding and SiLU(gate) * up. In eager PyTorch they take about 20 small
+// ops a layer (dtype casts, reductions, a roll), and at one decode row each op's dispatch costs
+// more than its arithmetic. Each keeps the reference implementation's rounding points (what is
+// rounded to the model's dtype, and when), and every row is computed alone, in a fixed order.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "vec.h"
+
+namespace {
+
+using tailrace::exp16;
+using tailrace::kLanes;
+using tailrace::lanes;
+using tailrace::load16;
+using tailrace::rounded;
+using tailrace::store16;
+
+// Rows of this many elements or more go to the thread pool one at a time; fewer share a task.
+constexpr int64_t kGrainElements = 1 << 14;
+
+int64_t grain(int64_t width) { return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(width, 1)); }
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps) {
+    at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T* row = x + r * stride;
+            __m512 squares = _mm512_setzero_ps();
+            for (int64_t i = 0; i < width; i += kLanes) {
+                const __m512 v = load16(row + i, lanes(width - i));
+                squares = _mm512_fmadd_ps(v, v, squares);
+            }
+            const float scale = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / width + eps);
+            const __m512 s = _mm512_set1_ps(scale);
+            for (int64_t i = 0; i < width; i += kLanes) {
+                const __mmask16 m = lanes(width - i);
+                // reference: weight * (x.float() * scale).to(dtype), the product rounded again
+                const __m512 normed = rounded(_mm512_mul_ps(load16(row + i, m), s), row);
+                store16(out + r * width + i, _mm512_mul_ps(load16(weight + i, m), normed), m);
+            }
+        }
+    });
+}
+
+// x [..., D] (rows may be strided), weight [D] -> [..., D] contiguous.
+torch::Tensor rms_norm(const torch::Tensor& x_any, const torch::Tensor& weight, double eps) {
+    const int64_t width = x_any.size(-1);
+    TORCH_CHECK(weight.numel() == width && weight.scalar_type() == x_any.scalar_type() && weight.is_contiguous(),
+                "weight must be [D] in x's dtype");
+    const torch::Tensor x = x_any.stride(-1) == 1 && x_any.dim() == 2 ? x_any : x_any.reshape({-1, width}).contiguous();
+    torch::Tensor out = torch::empty(x_any.sizes(), x_any.options());
+    const int64_t rows = x.size(0);
+    if (x.scalar_type() == torch::kBFloat16)
+        rms_norm_rows(x.data_ptr<c10::BFloat16>(), weight.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows,
+                      width, x.stride(0), static_cast<float>(eps));
+    else if (x.scalar_type() == torch::kFloat32)
+        rms_norm_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), rows, width, x.stride(0),
+                      static_cast<float>(eps));
+    else
+        TORCH_CHECK(false, "rms_norm takes bfloat16 or float32");
+    return out;
+}
+
+// The "rotate_half" convention with the sign in the sin table: out = x * cos + roll(x, D/2) * sin,
+// in float32, rounded once. x [T, H, D] (rows any stride, heads contiguous), cos/sin [T, 1, D].
+template <typename T>
+void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* sin, T* out, int64_t rows,
+                 int64_t heads, int64_t dim) {
+    const int64_t half = dim / 2;
+    at::parallel_for(0, rows, grain(heads * dim), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const float* c = cos + r * dim;
+            const float* s = sin + r * dim;
+            for (int64_t h = 0; h < heads; ++h) {
+                const T* in = x + r * row_stride + h * dim;
+                T* o = out + (r * heads + h) * dim;
+                for (int64_t i = 0; i < dim; i += kLanes) {
+                    const __mmask16 m = lanes(std::min(dim, i + kLanes) - i);
+                    // the rolled partner of element i is i + D/2 (mod D); a 16-lane run never crosses D/2
+                    const int64_t j = i < half ? i + half : i - half;
+                    const __m512 a = _mm512_mul_ps(load16(in + i, m), load16(c + i, m));
+                    const __m512 b = _mm512_mul_ps(load16(in + j, m), load16(s + i, m));
+                    store16(o + i, _mm512_add_ps(a, b), m);
+                }
+            }
+        }
+    });
+}
+
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), "x must be [T, H, D] with each row's heads contiguous");
+    const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
+    TORCH_CHECK(dim % 32 == 0, "rotary needs head_dim a multiple of 32");
+    TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.numel() == rows * dim &&
+                sin.numel() == rows * dim, "cos and sin must be float32 [T, 1, D]");
+    const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
+    torch::Tensor out = torch::empty({rows, heads, dim}, x.options());
+    if (x.scalar_type() == torch::kBFloat16)
+        rotary_rows(x.data_ptr<c10::BFloat16>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(),
+                    out.data_ptr<c10::BFloat16>(), rows, heads, dim);
+    else if (x.scalar_type() == torch::kFloat32)
+        rotary_rows(x.data_ptr<float>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<float>(),
+                    rows, heads, dim);
+    else
+        TORCH_CHECK(false, "rotary takes bfloat16 or float32");
+    return out;
+}
+
+// silu(gate) * up over x = [gate | up] per row, the reference's rounding: silu's result rounded
+// to the dtype, then the product rounded.
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
+    at::parallel_for(0, rows, grain(2 * width), [&](int64_t begin, int64_t end) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int64_t r = begin; r < end; ++r) {
+            const T* gate = x + r * 2 * width;
+            const T* up = gate + width;
+            for (int64_t i = 0; i < width; i += kLanes) {
+                const __mmask16 m = lanes(width - i);
+                const __m512 g = load16(gate + i, m);
+                const __m512 silu = rounded(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), gate);
+                store16(out + r * width + i, _mm512_mul_ps(silu, load16(up + i, m)), m);
+            }
+        }
+    });
+}
+
+torch::Tensor silu_mul(const torch::Tensor& x_any) {
+    const int64_t width = x_any.size(-1) / 2;
+    TORCH_CHECK(x_any.size(-1) % 2 == 0, "x must be [..., 2 * I]: gate then up");
+    const torch::Tensor x = x_any.contiguous();
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = width;
+    torch::Tensor out = torch::empty(shape, x.options());
+    const int64_t rows = width ? x.numel() / (2 * width) : 0;
+    if (x.scalar_type() == torch::kBFloat16)
+        silu_mul_rows(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, width);
+    else if (x.scalar_type() == torch::kFloat32)
+        silu_mul_rows(x.data_ptr<float>(), out.data_ptr<float>(), rows, width);
+    else
+        TORCH_CHECK(false, "silu_mul takes bfloat16 or float32");
+    return out;
+}
+
+}  // namespace
+
+void register_elementwise(pybind11::module& m) {
+    m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, the reference's rounding (bfloat16 or float32)");
+    m.def("rotary", &rotary, "rotary embedding, rotate_half convention, sin table signed (bfloat16 or float32)");
+    m.def("silu_mul", &silu_mul, "silu(gate) * up over [gate | up] (bfloat16 or float32)");
+}

@@ -1,0 +1,71 @@
+// 16 lanes of float32 loaded from and stored to bfloat16 or float32 memory, with a lane mask for
+// tails, and exp: what the kernels here share.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace tailrace {
+
+constexpr int kLanes = 16;
+
+inline __mmask16 lanes(int64_t count) {
+    return count >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+inline __m512 widen(__m256i bf16) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16)); }
+
+inline __m512 load16(const c10::BFloat16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+
+// Round to nearest even, as PyTorch's float -> bfloat16 conversion (NaN kept, made quiet).
+inline __m256i to_bf16_bits(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(rounded);
+}
+
+inline void store16(c10::BFloat16* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(v)); }
+
+inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits(v)); }
+
+// v as the storage type T holds it: rounded to bfloat16 and back, or unchanged for float32.
+inline __m512 rounded(__m512 v, const float*) { return v; }
+
+inline __m512 rounded(__m512 v, const c10::BFloat16*) { return widen(to_bf16_bits(v)); }
+
+// exp(x): 2^n * e^r with |r| <= ln2 / 2 and a degree-6 polynomial for e^r (relative error about
+// 2e-7); 0 below -87, infinity above 88.
+inline __m512 exp16(__m512 x) {
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+    r = _mm512_fnmadd_ps(n, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), tiny, _mm512_setzero_ps());
+}
+
+}  // namespace tailrace

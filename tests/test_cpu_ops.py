@@ -1,0 +1,81 @@
+"""The elementwise kernels against the eager reference: bitwise at bfloat16 (the same rounding
+points), within float32 rounding at float32; and a model that uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrace.model import cpu_ops
+from tailrace.model.cpu_kernels import kernels
+from tailrace.model.llama import RMSNorm, apply_rotary, silu_and_mul
+from tailrace.model.loader import load_model
+
+from conftest import EMBEDDED
+from test_quant import _prefill_logits
+
+pytestmark = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernels do not run here")
+
+DTYPES = [pytest.param(torch.bfloat16, 0.0, id="bfloat16"), pytest.param(torch.float32, 1e-5, id="float32")]
+
+
+def assert_matches(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if tolerance == 0.0:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype, tolerance", DTYPES)
+@pytest.mark.parametrize("width", [576, 64, 100])
+def test_rms_norm_is_the_eager_rmsnorm(dtype, tolerance, width):
+    norm = RMSNorm(width, 1e-5, dtype)
+    norm.weight.copy_(torch.randn(width))
+    x = (torch.randn(9, width) * 3).to(dtype)
+    assert_matches(kernels().rms_norm(x, norm.weight, norm.eps), norm(x), tolerance)
+    strided = torch.randn(4, 2, width).to(dtype)[:, 1]  # rows of a wider tensor, as a q/k split gives
+    assert_matches(kernels().rms_norm(strided, norm.weight, norm.eps), norm(strided), tolerance)
+
+
+@pytest.mark.parametrize("dtype, tolerance", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_rotary_is_the_eager_rotation_of_a_view_into_the_fused_projection(dtype, tolerance, head_dim):
+    rows, heads = 6, 5
+    qkv = torch.randn(rows, (heads + 2) * head_dim).to(dtype)
+    qk = qkv[:, : heads * head_dim].view(rows, heads, head_dim)  # rows not contiguous, as in the model
+    angles = torch.outer(torch.arange(rows) * 11.0, 1 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim))
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None]
+    sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
+    assert_matches(kernels().rotary(qk, cos, sin), apply_rotary(qk, cos, sin), tolerance)
+
+
+@pytest.mark.parametrize("dtype, tolerance", DTYPES)
+def test_silu_mul_is_the_eager_activation(dtype, tolerance):
+    gate_up = (torch.randn(3, 2 * 200) * 6).to(dtype)
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamps and the zeros
+    assert_matches(kernels().silu_mul(gate_up), silu_and_mul(gate_up), tolerance)
+    assert kernels().silu_mul(gate_up[:0]).shape == (0, 200)
+
+
+def test_kernels_refuse_what_they_cannot_compute():
+    with pytest.raises(RuntimeError, match="weight"):
+        kernels().rms_norm(torch.randn(2, 8), torch.randn(9), 1e-5)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels().rotary(torch.randn(2, 1, 48), torch.randn(2, 1, 48), torch.randn(2, 1, 48))
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        kernels().silu_mul(torch.randn(2, 8).half())
+
+
+@pytest.mark.parametrize("dtype, min_agreement", [("float32", 1.0), ("bfloat16", 0.95)])
+def test_a_model_on_the_kernels_predicts_what_the_eager_model_does(dtype, min_agreement):
+    eager, config = load_model(str(EMBEDDED), dtype=dtype)
+    fast, _ = load_model(str(EMBEDDED), dtype=dtype)
+    assert cpu_ops.usable(fast, torch.device("cpu")) and not cpu_ops.usable(fast, torch.device("meta"))
+    cpu_ops.use_cpu_kernels(fast)
+    assert not any(type(m) is RMSNorm for m in fast.modules())
+    tokens = list(range(300, 364))
+    expected, got = _prefill_logits(eager, config, tokens), _prefill_logits(fast, config, tokens)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= min_agreement
+    if dtype == "float32":
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
