@@ -140,14 +140,18 @@ void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int
 
 template <typename T>
 void run(const Problem<T>& p, const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_last) {
+    // Items are (row, head). A prefill's later rows see more keys, so a thread's share is every
+    // stride-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows.
     const int64_t items = static_cast<int64_t>(row_seq.size()) * p.heads;
-    at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    const int64_t stride = std::min<int64_t>(items, 64);
+    at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores;
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t row = item / p.heads;
-            if (row_seq[row] >= 0)
-                attend_row(p, row, item % p.heads, row_seq[row], row_last[row], scores);
-        }
+        for (int64_t first = begin; first < end; ++first)
+            for (int64_t item = first; item < items; item += stride) {
+                const int64_t row = item / p.heads;
+                if (row_seq[row] >= 0)
+                    attend_row(p, row, item % p.heads, row_seq[row], row_last[row], scores);
+            }
     });
 }
 
