@@ -59,11 +59,12 @@ def _timed(fn) -> float:
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """What a decode step reads: every weight (plain, packed or quantized) but the embedding table
     and the rotary tables, plus the table when the logits read it (a tied, unreplaced head)."""
-    skipped = {id(model.model.embed_tokens.weight), id(model.model.rotary.cos), id(model.model.rotary.sin)}
+    table = getattr(model.model.embed_tokens, "weight", None)  # a packed tied head's lookups have none
+    skipped = {id(table), id(model.model.rotary.cos), id(model.model.rotary.sin)}
     tensors = [t for t in [*model.parameters(), *model.buffers()] if id(t) not in skipped]
     tensors += [m.packed for m in model.modules() if hasattr(m, "packed") and m.packed.is_mkldnn]
     if model.lm_head is None:
-        tensors.append(model.model.embed_tokens.weight)
+        tensors.append(table)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace.model import bf16_linear
-from tailrace.model.bf16_linear import Bf16Linear, kernel_takes, pack
+from tailrace.model.bf16_linear import Bf16Linear, PackedEmbedding, kernel_takes, pack
 from tailrace.model.cpu_linear import PackedLinear, pack_linears
 from tailrace.model.loader import load_model
 
@@ -83,12 +83,22 @@ def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(
 
 
 @needs_kernel
+def test_a_packed_embedding_looks_up_the_rows_of_the_packed_weight():
+    weight, _ = random_linear(100, 64, False, seed=3)  # 100 rows: the last vector is partly padding
+    lookup = PackedEmbedding(Bf16Linear(weight, None))
+    ids = torch.tensor([[0, 5, 17], [99, 16, 15]])
+    assert torch.equal(lookup(ids), weight[ids])
+
+
+@needs_kernel
 def test_pack_linears_takes_the_kernel_for_bfloat16_and_onednn_for_float32():
     bf16, config = load_model(str(EMBEDDED), dtype="bfloat16")
     reference, _ = load_model(str(EMBEDDED), dtype="bfloat16")
     pack_linears(bf16)
     kinds = {type(m) for m in bf16.modules() if isinstance(m, (Bf16Linear, PackedLinear))}
     assert kinds == {Bf16Linear} and isinstance(bf16.lm_head, Bf16Linear)
+    # the tied model's lookups read the packed head: the table is held once
+    assert isinstance(bf16.model.embed_tokens, PackedEmbedding)
     tokens = list(range(300, 364))
     got, expected = _prefill_logits(bf16, config, tokens), _prefill_logits(reference, config, tokens)
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9

@@ -52,3 +52,18 @@ class Bf16Linear(Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.packed, self.bias, self.out_features)
+
+
+class PackedEmbedding(Module):
+    """A tied model's embedding lookup read out of its packed head, so the table is held once:
+    row n of the weight is lane n % 16 of vector n // 16, its K values in pairs."""
+
+    def __init__(self, head: Bf16Linear) -> None:
+        super().__init__()
+        vectors, pairs, _ = head.packed.shape
+        self._lanes = head.packed.view(vectors, pairs, _LANES, 2)
+        self.width = 2 * pairs
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self._lanes[ids // _LANES, :, ids % _LANES, :]  # [..., K / 2, 2]
+        return rows.reshape(*ids.shape, self.width)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.model import bf16_linear
-from tailrace.model.llama import LlamaForCausalLM, Module, replace_projections
+from tailrace.model.llama import Embedding, LlamaForCausalLM, Module, replace_projections
 
 # The row count oneDNN picks its blocking for: decode batches of a loaded server, measured best
 # over 1, 8 and 32 rows against a hint of 1.
@@ -41,8 +41,10 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
 def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every projection (and the tied LM head) packed once, in place: bfloat16 ones through
     tailrace's kernel where the CPU has AVX512-BF16 (faster at every batch size measured,
-    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear."""
+    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear. A tied model's lookups then
+    read the kernel's packed head, so its table is not held twice."""
     own = model.dtype == torch.bfloat16 and bf16_linear.available()
+    tied = model.lm_head is None
 
     def make(weight: torch.Tensor, bias: torch.Tensor | None) -> Module:
         if own and bf16_linear.kernel_takes(weight):
@@ -50,4 +52,8 @@ def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
         return PackedLinear(weight, bias)
 
     replace_projections(model, make)
+    if tied and isinstance(model.lm_head, bf16_linear.Bf16Linear) and isinstance(model.model.embed_tokens, Embedding):
+        # The head's packed table serves the lookups too: one copy (57 MB on SmolLM2-135M, 525 MB
+        # on Llama 3.2 1B) instead of two.
+        model.model.embed_tokens = bf16_linear.PackedEmbedding(model.lm_head)
     return model
