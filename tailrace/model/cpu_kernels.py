@@ -5,11 +5,11 @@
 - `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
   see cpu_ops.py.
 
-Both give every row the same bits whatever the batch, chunking or thread count, which the
+Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
-C++ compiler (about 30 s, cached under torch's extensions directory); where that cannot happen,
-or the CPU lacks AVX512, `kernels()` is None and the model keeps the oneDNN/SDPA paths.
-TAILRACE_CPU_KERNELS=0 turns them off.
+C++ compiler (about a minute, kept in the environment's tailrace-cpu-kernels/); where that
+cannot happen, or the CPU lacks AVX512, `kernels()` is None and the model keeps the oneDNN/SDPA
+paths. TAILRACE_CPU_KERNELS=0 turns them off.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -45,6 +46,18 @@ def has_bf16_dot() -> bool:
     return "avx512_bf16" in cpu_flags()
 
 
+def _build_directory() -> str | None:
+    """One build per environment (.venv and .venv-ray each have theirs): in a shared directory each
+    would find the other's build flags (its torch's include paths) and rebuild. None: torch's
+    default directory, where the environment is not writable."""
+    directory = Path(sys.prefix) / "tailrace-cpu-kernels"
+    try:
+        directory.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return str(directory)
+
+
 @functools.cache
 def kernels() -> ModuleType | None:
     """The compiled module, or None where it cannot run here."""
@@ -58,7 +71,8 @@ def kernels() -> ModuleType | None:
 
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])
         return cpp_extension.load(name="tailrace_cpu_kernels", sources=[str(s) for s in _SOURCES],
-                                  extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+                                  extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False,
+                                  build_directory=_build_directory())
     except Exception as error:  # no compiler or ninja: the PyTorch paths serve instead
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         logger.warning("tailrace's CPU kernels did not build (%s); using PyTorch's kernels", first_line)
