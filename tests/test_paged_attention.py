@@ -166,6 +166,13 @@ def test_paged_cache_matches_kv_cache_step_by_step():
     run_against_kv_cache(PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False))
 
 
+@needs_kernels
+def test_the_cpu_kernel_serves_what_it_takes_and_the_reference_the_rest():
+    assert PagedKVCache(*CACHE_ARGS, use_triton=False)._native_attention is not None
+    assert PagedKVCache(LAYERS, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float16)._native_attention is None
+    assert PagedKVCache(LAYERS, KV_HEADS, 40, 16, BLOCK_SIZE, torch.float32)._native_attention is None
+
+
 def test_paged_cache_on_the_reference_path_matches_kv_cache(monkeypatch):
     monkeypatch.setattr(paged_attention, "kernels", lambda: None)
     cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)

@@ -104,7 +104,8 @@ class PagedKVCache:
         # A table never holds more blocks than the cache has, however long the context may be.
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
         self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
-        native = kernels() if self.device.type == "cpu" and not self.use_triton else None
+        takes = dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256
+        native = kernels() if self.device.type == "cpu" and not self.use_triton and takes else None
         self._native_attention = None if native is None else native.paged_attention
         self.scale = head_dim**-0.5
         self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
