@@ -1,4 +1,4 @@
-"""tailrace's own CPU kernels (csrc/), compiled once per torch build and loaded on first use.
+"""tailrace's own CPU kernels (csrc/), compiled once per environment and loaded on first use.
 
 - `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16), see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
