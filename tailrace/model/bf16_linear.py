@@ -20,25 +20,25 @@ def available() -> bool:
     return has_bf16_dot() and kernels() is not None
 
 
+def _padded(values: torch.Tensor, length: int) -> torch.Tensor:
+    """values with zero rows appended up to `length` rows."""
+    out = values.new_zeros((length, *values.shape[1:]))
+    out[: values.shape[0]] = values
+    return out
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [ceil(N / 16), K / 2, 32]: 16 outputs a vector, K in adjacent pairs, zero rows
     padding the last vector."""
     n, k = weight.shape
     vectors = -(-n // _LANES)
-    padded = torch.zeros(vectors * _LANES, k, dtype=torch.bfloat16)
-    padded[:n] = weight
+    padded = _padded(weight.to(torch.bfloat16), vectors * _LANES)
     return padded.view(vectors, _LANES, k // 2, 2).transpose(1, 2).contiguous().view(vectors, k // 2, 2 * _LANES)
 
 
 def kernel_takes(weight: torch.Tensor) -> bool:
     """The kernel reads K in pairs."""
     return weight.shape[1] % 2 == 0
-
-
-def _padded(values: torch.Tensor, length: int) -> torch.Tensor:
-    out = torch.zeros(length, dtype=values.dtype)
-    out[: values.shape[0]] = values
-    return out
 
 
 class Bf16Linear(Module):

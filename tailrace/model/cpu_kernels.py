@@ -21,29 +21,18 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
-# What the kernels execute, as /proc/cpuinfo names it; the bfloat16 dot product only in bf16_linear.
-_NEEDED = {"avx512f", "avx512bw", "avx512vl"}
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 def has_bf16_dot() -> bool:
-    return "avx512_bf16" in cpu_flags()
+    """The bfloat16 dot product bf16_linear executes (AVX512-BF16)."""
+    return torch.cpu._is_avx512_bf16_supported()
 
 
 def _build_directory() -> str | None:
@@ -61,9 +50,11 @@ def _build_directory() -> str | None:
 @functools.cache
 def kernels() -> ModuleType | None:
     """The compiled module, or None where it cannot run here."""
-    if os.environ.get("TAILRACE_CPU_KERNELS", "1") == "0" or not _NEEDED <= cpu_flags():
-        return None
     from torch.utils import cpp_extension
+
+    # AVX512 F, BW, VL (and DQ), what every kernel executes, as torch itself detects it
+    if os.environ.get("TAILRACE_CPU_KERNELS", "1") == "0" or not torch.cpu._is_avx512_supported():
+        return None
 
     path = os.environ.get("PATH", "")
     try:

@@ -12,7 +12,7 @@ import torch
 
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
-from tailrace.model.llama import MLP, Attention, LlamaForCausalLM, Module, RMSNorm
+from tailrace.model.llama import MLP, Attention, LlamaForCausalLM, Module, RMSNorm, replace_modules
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -38,14 +38,12 @@ def usable(model: LlamaForCausalLM, device: torch.device) -> bool:
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every RMSNorm, rotary embedding and SiLU-and-multiply of the model through the kernels, in place."""
     ops = kernels()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, RMSNorm):
-                setattr(parent, name, KernelRMSNorm(child))
-        if isinstance(parent, Attention):
-            parent.rotate = ops.rotary
-        elif isinstance(parent, MLP):
-            parent.act_and_mul = ops.silu_mul
+    replace_modules(model, RMSNorm, KernelRMSNorm)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rotate = ops.rotary
+        elif isinstance(module, MLP):
+            module.act_and_mul = ops.silu_mul
     return model
 
 

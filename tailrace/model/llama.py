@@ -231,6 +231,14 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
 
+def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.Module], nn.Module]) -> None:
+    """Every submodule of type `kind` replaced in place by make(it)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, kind):
+                setattr(parent, name, make(child))
+
+
 def replace_projections(
     model: LlamaForCausalLM, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
 ) -> None:
@@ -238,9 +246,6 @@ def replace_projections(
     place by make(weight, bias): how quantized and packed projections enter the model. The
     embedding lookup keeps the plain table."""
     with torch.no_grad():
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, Linear):
-                    setattr(parent, name, make(child.weight, child.bias))
+        replace_modules(model, Linear, lambda linear: make(linear.weight, linear.bias))
         if model.lm_head is None:
             model.lm_head = make(model.model.embed_tokens.weight, None)

@@ -8,19 +8,22 @@
 // vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks only
 // park the accumulators in float32 between blocks, which is exact.
 //
-// Why not oneDNN: its packed bfloat16 GEMV streams weights at about 14 GB/s on this machine where
-// the cores read 30 (bench/RESULTS.md), and one decode step is mostly weight streaming.
+// Why not oneDNN: this one measured 0.80-0.99x oneDNN's packed bfloat16 time on the SmolLM2-135M
+// shape's projections at 1-128 rows and 2 threads, most at 8 rows (bench/bf16_linear_ab.py).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
-constexpr int64_t kLanes = 16;       // outputs per vector
+using tailrace::kLanes;  // outputs per vector
+using tailrace::lanes;
+
 constexpr int64_t kVectors = 4;      // vectors per tile: independent accumulator chains per row
 constexpr int64_t kRows = 4;         // rows per tile: each weight load serves this many rows
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
@@ -60,8 +63,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     }
     for (int j = 0; j < NT; ++j) {
         const int64_t n0 = (v0 + j) * kLanes;
-        const int64_t valid = std::min<int64_t>(kLanes, p.N - n0);
-        const __mmask16 mask = valid >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+        const __mmask16 mask = lanes(p.N - n0);
         const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
         for (int i = 0; i < MT; ++i) {
             const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i][j], b));

@@ -55,15 +55,11 @@ torch::Tensor rms_norm(const torch::Tensor& x_any, const torch::Tensor& weight, 
                 "weight must be [D] in x's dtype");
     const torch::Tensor x = x_any.stride(-1) == 1 && x_any.dim() == 2 ? x_any : x_any.reshape({-1, width}).contiguous();
     torch::Tensor out = torch::empty(x_any.sizes(), x_any.options());
-    const int64_t rows = x.size(0);
-    if (x.scalar_type() == torch::kBFloat16)
-        rms_norm_rows(x.data_ptr<c10::BFloat16>(), weight.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows,
-                      width, x.stride(0), static_cast<float>(eps));
-    else if (x.scalar_type() == torch::kFloat32)
-        rms_norm_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), rows, width, x.stride(0),
+    tailrace::with_element_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        rms_norm_rows(x.data_ptr<T>(), weight.data_ptr<T>(), out.data_ptr<T>(), x.size(0), width, x.stride(0),
                       static_cast<float>(eps));
-    else
-        TORCH_CHECK(false, "rms_norm takes bfloat16 or float32");
+    });
     return out;
 }
 
@@ -81,12 +77,12 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
                 const T* in = x + r * row_stride + h * dim;
                 T* o = out + (r * heads + h) * dim;
                 for (int64_t i = 0; i < dim; i += kLanes) {
-                    const __mmask16 m = lanes(std::min(dim, i + kLanes) - i);
-                    // the rolled partner of element i is i + D/2 (mod D); a 16-lane run never crosses D/2
+                    // the rolled partner of element i is i + D/2 (mod D); with D a multiple of 32 a
+                    // 16-lane run never crosses D/2 and never runs past D
                     const int64_t j = i < half ? i + half : i - half;
-                    const __m512 a = _mm512_mul_ps(load16(in + i, m), load16(c + i, m));
-                    const __m512 b = _mm512_mul_ps(load16(in + j, m), load16(s + i, m));
-                    store16(o + i, _mm512_add_ps(a, b), m);
+                    const __m512 a = _mm512_mul_ps(load16(in + i), load16(c + i));
+                    const __m512 b = _mm512_mul_ps(load16(in + j), load16(s + i));
+                    store16(o + i, _mm512_add_ps(a, b));
                 }
             }
         }
@@ -101,14 +97,11 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
                 sin.numel() == rows * dim, "cos and sin must be float32 [T, 1, D]");
     const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
     torch::Tensor out = torch::empty({rows, heads, dim}, x.options());
-    if (x.scalar_type() == torch::kBFloat16)
-        rotary_rows(x.data_ptr<c10::BFloat16>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(),
-                    out.data_ptr<c10::BFloat16>(), rows, heads, dim);
-    else if (x.scalar_type() == torch::kFloat32)
-        rotary_rows(x.data_ptr<float>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<float>(),
-                    rows, heads, dim);
-    else
-        TORCH_CHECK(false, "rotary takes bfloat16 or float32");
+    tailrace::with_element_type(x.scalar_type(), "rotary", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        rotary_rows(x.data_ptr<T>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<T>(), rows,
+                    heads, dim);
+    });
     return out;
 }
 
@@ -139,12 +132,10 @@ torch::Tensor silu_mul(const torch::Tensor& x_any) {
     shape.back() = width;
     torch::Tensor out = torch::empty(shape, x.options());
     const int64_t rows = width ? x.numel() / (2 * width) : 0;
-    if (x.scalar_type() == torch::kBFloat16)
-        silu_mul_rows(x.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(), rows, width);
-    else if (x.scalar_type() == torch::kFloat32)
-        silu_mul_rows(x.data_ptr<float>(), out.data_ptr<float>(), rows, width);
-    else
-        TORCH_CHECK(false, "silu_mul takes bfloat16 or float32");
+    tailrace::with_element_type(x.scalar_type(), "silu_mul", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        silu_mul_rows(x.data_ptr<T>(), out.data_ptr<T>(), rows, width);
+    });
     return out;
 }
 

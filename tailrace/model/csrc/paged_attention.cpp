@@ -62,18 +62,15 @@ struct Rows {
     const Problem<T>& p;
     const int32_t* table;
 
+    int64_t page_row(int64_t pos) const {
+        return static_cast<int64_t>(table[(pos / p.block_size) * p.table_block_stride]) * p.block_size + pos % p.block_size;
+    }
+
     void fill(int64_t base, int64_t count, int64_t out[16]) const {
-        if (p.block_size % kLanes == 0) {
-            const int64_t first = static_cast<int64_t>(table[(base / p.block_size) * p.table_block_stride]) * p.block_size +
-                                  base % p.block_size;
-            for (int64_t t = 0; t < count; ++t)
-                out[t] = first + t;
-            return;
-        }
-        for (int64_t t = 0; t < count; ++t) {
-            const int64_t pos = base + t;
-            out[t] = static_cast<int64_t>(table[(pos / p.block_size) * p.table_block_stride]) * p.block_size + pos % p.block_size;
-        }
+        const bool one_block = p.block_size % kLanes == 0;  // base is a multiple of 16
+        const int64_t first = page_row(base);
+        for (int64_t t = 0; t < count; ++t)
+            out[t] = one_block ? first + t : page_row(base + t);
     }
 };
 
@@ -185,19 +182,13 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
         }
     }
     torch::Tensor out = torch::zeros(q.sizes(), q.options());
-    auto launch = [&](auto* tag) {
+    tailrace::with_element_type(q.scalar_type(), "paged_attention", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         Problem<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
                      q.size(1), k_pages.size(1), dim, static_cast<float>(scale)};
         run(p, row_seq, row_last);
-    };
-    if (q.scalar_type() == torch::kBFloat16)
-        launch(static_cast<c10::BFloat16*>(nullptr));
-    else if (q.scalar_type() == torch::kFloat32)
-        launch(static_cast<float*>(nullptr));
-    else
-        TORCH_CHECK(false, "paged_attention takes bfloat16 or float32");
+    });
     return out;
 }
 

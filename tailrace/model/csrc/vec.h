@@ -2,7 +2,9 @@
 // tails, and exp: what the kernels here share.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -10,6 +12,18 @@
 namespace tailrace {
 
 constexpr int kLanes = 16;
+
+// f(static_cast<T*>(nullptr)) with T the element type of `dtype`, bfloat16 or float32: the one
+// place the kernels turn a tensor's dtype into a template argument.
+template <typename F>
+void with_element_type(c10::ScalarType dtype, const char* op, F&& f) {
+    if (dtype == c10::kBFloat16)
+        f(static_cast<c10::BFloat16*>(nullptr));
+    else if (dtype == c10::kFloat)
+        f(static_cast<float*>(nullptr));
+    else
+        TORCH_CHECK(false, op, " takes bfloat16 or float32");
+}
 
 inline __mmask16 lanes(int64_t count) {
     return count >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
