@@ -1,4 +1,5 @@
-"""Weight-only int8 / int4 projections on PyTorch's CPU kernels, and a quantized model."""
+"""Weight-only int8 / int4: quantizing float weights, PyTorch's kernels (where tailrace's cannot
+run), the choice between the kernels, and a quantized model."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tailrace.model import int_linear
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.llama import Linear
 from tailrace.model.loader import load_model
-from tailrace.model.quant import (INT4_GROUP_SIZE, Int4Linear, Int8Linear, dequantize_int4, quantize_linear,
-                                  quantize_model)
+from tailrace.model.quant import (INT4_GROUP_SIZE, Int4Linear, Int8Linear, IntWeight, SplitInt8Linear, linear_for,
+                                  quantize_int4, quantize_int8, quantize_linear, quantize_model)
 
 from conftest import EMBEDDED
 
@@ -19,50 +21,78 @@ def _bf16_input_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.linear(x.to(torch.bfloat16).float(), weight)
 
 
+def test_int8_codes_are_within_half_a_step_of_the_float_weights():
+    torch.manual_seed(0)
+    weight = torch.randn(32, 64)
+    quantized = quantize_int8(weight)
+    assert quantized.codes.dtype == torch.int8 and quantized.scales.shape == (32, 1)
+    assert torch.equal(quantized.scales, quantized.scales.half().float())  # float16 scales, held exactly
+    assert ((quantized.dequantize() - weight).abs() <= quantized.scales * 0.5 + 1e-7).all()
+    assert (quantized.codes.abs().amax(1) == 127).all()
+
+
+def test_int4_codes_stay_within_half_a_step_of_each_group():
+    torch.manual_seed(0)
+    weight = torch.randn(16, 4 * INT4_GROUP_SIZE)
+    quantized = quantize_int4(weight)
+    assert quantized.codes.dtype == torch.uint8 and int(quantized.codes.max()) <= 15
+    step = quantized.scales.repeat_interleave(INT4_GROUP_SIZE, dim=1)
+    assert ((quantized.dequantize() - weight).abs() <= step * 0.5 + 1e-3).all()
+
+
+def test_constant_rows_and_groups_quantize_exactly():
+    weight = torch.zeros(16, 2 * INT4_GROUP_SIZE)
+    assert torch.equal(quantize_int8(weight).dequantize(), weight)
+    weight[:, INT4_GROUP_SIZE:] = 1.0
+    assert torch.equal(quantize_int4(weight).dequantize(), weight)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 16])
-def test_int8_linear_multiplies_by_its_dequantized_weight(rows):
+def test_pytorch_int8_linear_multiplies_by_its_dequantized_weight(rows):
     torch.manual_seed(0)
     weight, x = torch.randn(96, 64), torch.randn(rows, 64)
-    layer = Int8Linear.from_float(weight)
-    dequantized = layer.weight.float() * layer.scales.float()[:, None]
-    expected = _bf16_input_reference(x, dequantized)
-    assert torch.allclose(layer(x), expected, rtol=2e-2, atol=5e-2)
+    quantized = quantize_int8(weight)
+    layer = Int8Linear(quantized, None)
+    # its scales are bfloat16: compare with the weight it really multiplies by
+    used = IntWeight(quantized.codes, quantized.scales.bfloat16().float(), None).dequantize()
+    assert torch.allclose(layer(x), _bf16_input_reference(x, used), rtol=2e-2, atol=5e-2)
     assert layer(x).dtype == torch.float32
 
 
-def test_int8_weights_are_within_half_a_step_of_the_float_ones():
-    torch.manual_seed(0)
-    weight = torch.randn(32, 64)
-    layer = Int8Linear.from_float(weight)
-    error = (layer.weight.float() * layer.scales.float()[:, None] - weight).abs()
-    # the scales are stored in bfloat16 (the kernel's type), which adds under 0.4% of a row's range
-    assert (error <= layer.scales.float()[:, None] * 0.5 + weight.abs().amax(1, keepdim=True) * 4e-3).all()
-
-
 @pytest.mark.parametrize("rows", [1, 5])
-def test_int4_linear_multiplies_by_its_dequantized_weight(rows):
+def test_pytorch_int4_linear_multiplies_by_its_dequantized_weight(rows):
     torch.manual_seed(0)
     weight, x = torch.randn(64, 2 * INT4_GROUP_SIZE), torch.randn(rows, 2 * INT4_GROUP_SIZE)
-    groups = weight.view(64, 2, INT4_GROUP_SIZE)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scales = (high - low) / 15
-    q = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).view(64, -1).to(torch.int32)
-    layer = Int4Linear(q, scales, low + 8 * scales, None)
-    # the kernel holds scales and zeros in bfloat16: compare with the weights it really uses
-    dequantized = dequantize_int4(q, scales.bfloat16().float(), (low + 8 * scales).bfloat16().float())
-    assert torch.allclose(layer(x), _bf16_input_reference(x, dequantized), rtol=2e-2, atol=5e-2)
+    quantized = quantize_int4(weight)
+    layer = Int4Linear(quantized, None)
+    expected = _bf16_input_reference(x, quantized.dequantize())
+    assert torch.allclose(layer(x), expected, rtol=2e-2, atol=5e-2 * float(expected.abs().max()))
 
 
-def test_int4_from_float_stays_within_a_step_of_each_group():
+def test_split_int8_linear_takes_grouped_int8_codes_at_their_extremes():
     torch.manual_seed(0)
-    weight = torch.randn(16, 4 * INT4_GROUP_SIZE)
-    x = torch.eye(4 * INT4_GROUP_SIZE)  # each output column is one weight
-    recovered = Int4Linear.from_float(weight)(x).t()
-    step = (weight.view(16, 4, -1).amax(-1) - weight.view(16, 4, -1).amin(-1)) / 15
-    assert ((recovered - weight).abs().view(16, 4, -1) <= step[..., None] * 0.6 + 0.02).all()
+    codes = torch.tensor([-128, 127, 0, -1] * 16, dtype=torch.int8).repeat(16, 1)
+    quantized = IntWeight(codes, torch.rand(16, 2) + 0.5, None)
+    x = torch.randn(3, 64)
+    expected = _bf16_input_reference(x, quantized.dequantize())
+    actual = SplitInt8Linear(quantized, None)(x)
+    assert torch.allclose(actual, expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
 
 
-def test_int4_falls_back_to_int8_for_shapes_its_kernel_cannot_take():
+def test_tailraces_kernel_serves_where_it_runs_pytorchs_elsewhere(monkeypatch):
+    int8, int4 = quantize_int8(torch.randn(16, 64)), quantize_int4(torch.randn(16, 64))
+    grouped_int8 = IntWeight(int8.codes, int8.scales.repeat(1, 2), None)
+    if int_linear.available():
+        assert all(isinstance(linear_for(w, None), int_linear.IntLinear) for w in (int8, int4, grouped_int8))
+    monkeypatch.setattr(int_linear, "available", lambda: False)
+    assert isinstance(linear_for(int8, None), Int8Linear)
+    assert isinstance(linear_for(int4, None), Int4Linear)
+    assert isinstance(linear_for(grouped_int8, None), SplitInt8Linear)
+    assert linear_for(quantize_int4(torch.randn(8, 64)), None) is None  # rows not in tiles of 16
+
+
+def test_int4_falls_back_to_int8_for_inputs_not_in_groups(monkeypatch):
+    monkeypatch.setattr(int_linear, "available", lambda: False)
     assert isinstance(quantize_linear(torch.randn(16, INT4_GROUP_SIZE + 8), None, "int4"), Int8Linear)
     assert isinstance(quantize_linear(torch.randn(8, INT4_GROUP_SIZE), None, "int4"), Int8Linear)
     assert isinstance(quantize_linear(torch.randn(16, INT4_GROUP_SIZE), None, "int4"), Int4Linear)

@@ -2,6 +2,8 @@
 
 - `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16), see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
+- `int_linear`: int8 and int4 projections over integer codes and float16 scales (AVX512-VNNI),
+  see int_linear.py.
 - `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
   see cpu_ops.py.
 
@@ -26,8 +28,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
-            for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp")]
-_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+            for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp")]
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"]
 
 
 def has_bf16_dot() -> bool:

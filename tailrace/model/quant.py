@@ -1,47 +1,94 @@
-"""Weight-only quantization on PyTorch's own CPU kernels: int8 per output channel, int4 in groups.
+"""Weight-only quantization: int8 per output channel, int4 in groups of 32, quantized at load.
 
-`quantize_model(model, "int8" | "int4")` replaces every projection (and the LM head, tied or
-not) by a module holding the packed weights; norms, the embedding lookup and attention stay in
-the model's dtype. The kernels are `aten._weight_int8pack_mm` and
-`aten._weight_int4pack_mm_for_cpu`. Both take their activations in bfloat16: measured on an AVX2
-CPU (no AVX512), their float32-activation paths were 10x slower than float32 weights, while with
-bfloat16 activations the LM head of a 49k vocabulary took 6.4 ms (int8) and 5.5 ms (int4) against
-11.4 ms in float32. The activations are therefore rounded to bfloat16 at each projection's input
-and the output returned in the model's dtype; the quality cost of that and of the weights is
-measured in bench/quality.py, not assumed.
+A quantized weight is an `IntWeight`: integer codes with w = codes * scales + zeros, one scale
+per output row (int8) or per row and group of 32 inputs (int4, and GGUF's blocks, which
+model/gguf_quant.py reads into the same form without going through float). `linear_for` turns one
+into the module that multiplies by it:
 
-GGUF files bring their own codes: model/gguf_quant.py builds these modules from Q4_0, Q4_1,
-Q4_K and Q8_0 blocks without going through float.
+- on CPUs with AVX512-VNNI, tailrace's kernel (model/int_linear.py), which takes every form as it
+  is, scales in float16;
+- elsewhere PyTorch's own kernels, `aten._weight_int8pack_mm` (per-row scales) and
+  `aten._weight_int4pack_mm_for_cpu` (groups), with bfloat16 activations and scales. Measured on
+  an AVX2 CPU, their float32-activation paths were 10x slower than float32 weights, while with
+  bfloat16 activations the LM head of a 49k vocabulary took 6.4 ms (int8) and 5.5 ms (int4)
+  against 11.4 ms in float32.
+
+`quantize_model(model, "int8" | "int4")` replaces every projection (and the LM head, tied or not)
+this way; norms, the embedding lookup and attention stay in the model's dtype. What it costs in
+quality is measured in bench/quality.py, not assumed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from tailrace.model import int_linear
 from tailrace.model.llama import LlamaForCausalLM, Module, replace_projections
 
 QUANTIZATIONS = ("int8", "int4")
-INT4_GROUP_SIZE = 32  # GGUF's Q4_0 / Q4_1 block size, so those blocks map one to one
+INT4_GROUP_SIZE = 32  # GGUF's block size, so its blocks map one to one
 _INT4_OUT_TILE = 16
 _ACT_DTYPE = torch.bfloat16
 
 
+@dataclass(frozen=True)
+class IntWeight:
+    """w = codes * scales + zeros, scales and zeros repeated over each group of inputs."""
+
+    codes: torch.Tensor  # [out, in]: int8, or uint8 in 0..15 (4 bits)
+    scales: torch.Tensor  # [out, groups] float32: groups 1 (per row) or in / INT4_GROUP_SIZE
+    zeros: torch.Tensor | None  # like scales, or None for none
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.codes.dtype == torch.int8 else 4
+
+    def dequantize(self) -> torch.Tensor:
+        out_features, in_features = self.codes.shape
+        groups = self.codes.float().view(out_features, self.scales.shape[1], -1) * self.scales[..., None]
+        if self.zeros is not None:
+            groups = groups + self.zeros[..., None]
+        return groups.view(out_features, in_features)
+
+
+def _float16_at_least(values: torch.Tensor) -> torch.Tensor:
+    """values rounded up to float16 (as float32), at least its smallest normal: a scale that still
+    spans its range once stored in the kernel's type."""
+    half = values.clamp(min=torch.finfo(torch.float16).tiny).half()
+    short = half.float() < values
+    return torch.where(short, half.nextafter(torch.tensor(torch.inf, dtype=torch.float16)), half).float()
+
+
+def quantize_int8(weight: torch.Tensor) -> IntWeight:
+    """Symmetric per row: codes in -127..127, the row's largest magnitude at 127."""
+    w = weight.detach().float()
+    scales = _float16_at_least(w.abs().amax(dim=1, keepdim=True) / 127)
+    codes = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+    return IntWeight(codes, scales, None)
+
+
+def quantize_int4(weight: torch.Tensor) -> IntWeight:
+    """Asymmetric (min/max) groups of 32: each group's range maps onto the 16 levels."""
+    out_features, in_features = weight.shape
+    groups = weight.detach().float().view(out_features, in_features // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
+    zeros = groups.amin(dim=-1).half().float()
+    scales = _float16_at_least((groups.amax(dim=-1) - zeros) / 15)
+    codes = torch.round((groups - zeros[..., None]) / scales[..., None]).clamp(0, 15).to(torch.uint8)
+    return IntWeight(codes.view(out_features, in_features), scales, zeros)
+
+
 class Int8Linear(Module):
-    """y = x @ (q * scale).T: q int8 [out, in], one scale per output row."""
+    """PyTorch's int8 kernel: y = x @ (q * scale).T, q int8 [out, in], one scale per output row."""
 
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: IntWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.register_buffer("weight", weight)
-        self.register_buffer("scales", scales.to(_ACT_DTYPE))
+        self.out_features, self.in_features = weight.codes.shape
+        self.register_buffer("weight", weight.codes)
+        self.register_buffer("scales", weight.scales[:, 0].to(_ACT_DTYPE))
         self.bias = bias
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        w = weight.float()
-        scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(q, scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int8pack_mm(x.to(_ACT_DTYPE), self.weight, self.scales).to(x.dtype)
@@ -49,28 +96,18 @@ class Int8Linear(Module):
 
 
 class Int4Linear(Module):
-    """y = x @ w.T with w = (q - 8) * scale + zero per group of INT4_GROUP_SIZE inputs, q in [0, 15]."""
+    """PyTorch's int4 kernel, which computes w = (q - 8) * scale + zero': zero' = zero + 8 scale."""
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 bias: torch.Tensor | None) -> None:
-        """q int32 [out, in] in [0, 15]; scales, zeros [out, in / group] as for `dequantize_int4`."""
+    def __init__(self, weight: IntWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.out_features, self.in_features = q.shape
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+        self.out_features, self.in_features = weight.codes.shape
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            weight.codes.to(torch.int32), 1))
+        zeros = 8 * weight.scales if weight.zeros is None else weight.zeros + 8 * weight.scales
         # The kernel's layout: [groups, out, (scale, zero)].
-        pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+        pairs = torch.stack((weight.scales, zeros), dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_and_zeros", pairs.to(_ACT_DTYPE))
         self.bias = bias
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear":
-        """Asymmetric (min/max) groups: every group's range maps onto the 16 levels exactly."""
-        out_features, in_features = weight.shape
-        groups = weight.float().view(out_features, in_features // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        scales = ((high - low) / 15).clamp(min=1e-12)
-        q = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15)
-        return cls(q.view(out_features, in_features).to(torch.int32), scales, low + 8 * scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -78,27 +115,55 @@ class Int4Linear(Module):
         return out if self.bias is None else out + self.bias
 
 
-def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """The float weights an Int4Linear multiplies by (for tests and quality checks)."""
-    out_features, in_features = q.shape
-    groups = q.float().view(out_features, -1, INT4_GROUP_SIZE)
-    return ((groups - 8) * scales[..., None] + zeros[..., None]).view(out_features, in_features)
+class SplitInt8Linear(Module):
+    """Grouped int8 codes (GGUF's Q8_0) on PyTorch's int4 kernel, which is the grouped one: each code
+    split exactly into two 4-bit halves, c + 128 = 16 hi + lo, so w = hi * 16 d + lo * d - 128 d.
+    The halves sit side by side in one Int4Linear twice as wide, fed the input twice. Requantizing
+    each row to one scale was measured to lose most of what Q8_0 keeps: output error against gguf's
+    dequantization 0.78% vs 0.23% on a 1536x576 weight, 2.4% vs 0.23% once every 97th input column
+    is 8x larger, as real projections' outlier features are."""
+
+    def __init__(self, weight: IntWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.codes.shape
+        unsigned = (weight.codes.to(torch.int16) + 128).to(torch.uint8)
+        d = weight.scales
+        halves = IntWeight(torch.cat((unsigned >> 4, unsigned & 0x0F), dim=1), torch.cat((16 * d, d), dim=1),
+                           torch.cat((torch.zeros_like(d), -128 * d), dim=1))
+        self.halves = Int4Linear(halves, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.halves(torch.cat((x, x), dim=-1))
 
 
-def int4_packable(weight: torch.Tensor) -> bool:
-    """The int4 kernel's shapes: whole groups along the input, outputs in tiles of 16."""
-    out_features, in_features = weight.shape
+def int4_packable(out_features: int, in_features: int) -> bool:
+    """PyTorch's int4 kernel's shapes: whole groups along the input, outputs in tiles of 16."""
     return in_features % INT4_GROUP_SIZE == 0 and out_features % _INT4_OUT_TILE == 0
 
 
+def linear_for(weight: IntWeight, bias: torch.Tensor | None) -> nn.Module | None:
+    """The module multiplying by `weight` here, or None where no kernel takes its shape."""
+    out_features, in_features = weight.codes.shape
+    if int_linear.available() and int_linear.takes(in_features):
+        return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias)
+    if weight.bits == 8 and weight.scales.shape[1] == 1:
+        return Int8Linear(weight, bias)
+    if not int4_packable(out_features, in_features):
+        return None
+    return Int4Linear(weight, bias) if weight.bits == 4 else SplitInt8Linear(weight, bias)
+
+
 def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, method: str) -> nn.Module:
-    kind = Int4Linear if method == "int4" and int4_packable(weight) else Int8Linear
-    return kind.from_float(weight, bias)
+    """int4 where a kernel takes the shape, int8 otherwise (which every shape fits)."""
+    if method == "int4":
+        module = linear_for(quantize_int4(weight), bias) if weight.shape[1] % INT4_GROUP_SIZE == 0 else None
+        if module is not None:
+            return module
+    return linear_for(quantize_int8(weight), bias)  # per-row int8 always has a kernel
 
 
 def quantize_model(model: LlamaForCausalLM, method: str) -> LlamaForCausalLM:
-    """Every projection and the LM head quantized in place from the loaded float weights. A
-    projection the int4 kernel cannot take (see int4_packable) falls back to int8."""
+    """Every projection and the LM head quantized in place from the loaded float weights."""
     if model.dtype not in (torch.float32, _ACT_DTYPE):
         raise ValueError(f"quantization {method!r} needs float32 or bfloat16 compute, not {model.dtype}")
     if method not in QUANTIZATIONS:

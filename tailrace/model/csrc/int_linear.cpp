@@ -1,0 +1,262 @@
+// y = x @ W.T (+ bias) for weights held as integer codes with float16 scales, on CPUs with
+// AVX512-VNNI: tailrace's int8 and int4 projections, and GGUF's Q8_0, Q4_0, Q4_1 and Q4_K blocks
+// taken as they are.
+//
+// A weight is w = c * d + z, c an int8 code (or a 4-bit one in 0..15), d and z float16, either one
+// d per output row (int8 per channel, z = 0) or one (d, z) per output and block of 32 inputs (the
+// GGUF blocks). The activations go to int16 per block of 32 inputs, with a float32 scale
+// s = max|x| / 32767 for the block: a finer grid than bfloat16's 8 bits wherever |x| is within a
+// factor 128 of the block's largest, so the weights are still what the result loses precision to.
+// Then vpdpwssd multiplies int16 pairs of codes and activations into int32 lanes, exactly, and
+// each block's integer sum goes to float32 once:
+//     grouped: acc += (isum * s) * d  (+ z * s * sum(x codes))     per row: acc += isum * s; y = acc * d
+// Every output's float32 accumulator runs over the blocks in order, so a row's bits depend neither
+// on the other rows, nor on the tiling, nor on the thread count (the engine's exactness rests on it).
+//
+// Layouts, packed once at load (tailrace/model/int_linear.py): outputs 16 to a vector, vectors
+// padded to a multiple of kVectors; int8 codes [NV][K/2][32] as bf16_linear packs its weights (the
+// pair (k, k+1) of output lane l at bytes 2l, 2l+1); int4 codes [NV][K/4][32] bytes, the low nibble
+// of byte b holding byte b of pair 2p's vector and the high nibble that of pair 2p + 1; d and z
+// [NV][G][16] with G = 1 (per row) or K / 32.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+namespace {
+
+using tailrace::kLanes;
+using tailrace::lanes;
+
+constexpr int64_t kBlock = 32;             // inputs per activation scale and per weight group
+constexpr int64_t kBlockPairs = kBlock / 2;
+constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
+constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
+constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
+constexpr float kCodeMax = 32767.0f;
+
+enum class Scales { PerRow, Grouped, GroupedWithZero };
+
+// The activations as int16 codes: x ~ s * code per block.
+struct Codes {
+    const int16_t* codes;  // [M][K]
+    const float* scale;    // [M][KB]
+    const float* sum;      // [M][KB]: s * (the block's codes summed), what a zero point multiplies
+};
+
+struct Problem {
+    Codes x;
+    const uint8_t* w;
+    const at::Half* d;     // [NV][G][16]
+    const at::Half* z;     // [NV][G][16] or nullptr
+    const float* bias;     // [N] or nullptr
+    int64_t M, K, N, KB, NV, G;
+};
+
+template <typename T>
+void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* codes, float* scale, float* sum) {
+    using tailrace::load16;
+    const int64_t KB = K / kBlock;
+    at::parallel_for(0, M * KB, 64, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            const __m512 lo = load16(x + b * kBlock), hi = load16(x + b * kBlock + kLanes);
+            const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            if (largest == 0.0f || !std::isfinite(largest)) {
+                // all zero, or inf/nan that no scale holds: NaN out, as a float matmul would give
+                const float s = largest == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+                _mm512_storeu_si512(codes + b * kBlock, _mm512_setzero_si512());
+                scale[b] = s;
+                sum[b] = s;
+                continue;
+            }
+            const __m512 inverse = _mm512_set1_ps(kCodeMax / largest);
+            const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));
+            const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock), _mm512_cvtepi32_epi16(qlo));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock + kLanes), _mm512_cvtepi32_epi16(qhi));
+            scale[b] = largest / kCodeMax;
+            sum[b] = scale[b] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+        }
+    });
+}
+
+// The 32 int16 codes (16 lanes x a pair) of vector v at pair kp; for int4, `sub` picks pair
+// 2p (low nibbles) or 2p + 1 (high) of the byte run loaded once for both.
+template <int Bits>
+inline void load_codes(const Problem& p, int64_t v, int64_t kp, __m512i* out) {
+    const int64_t KP = p.K / 2;
+    if constexpr (Bits == 8) {
+        out[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.w + (v * KP + kp) * 32)));
+    } else {
+        const __m512i bytes = _mm512_cvtepu8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.w + (v * (KP / 2) + kp / 2) * 32)));
+        out[0] = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+        out[1] = _mm512_srli_epi16(bytes, 4);
+    }
+}
+
+inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+// Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+3, into `part` [MT][4][16].
+template <int Bits, Scales S, int MT>
+void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
+    constexpr int kSubs = Bits == 8 ? 1 : 2;
+    const int16_t* x = p.x.codes + m0 * p.K;
+    for (int64_t b = b0; b < b1; ++b) {
+        __m512i isum[MT][kVectors];
+        for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < kVectors; ++j)
+                isum[i][j] = _mm512_setzero_si512();
+        for (int64_t kp = b * kBlockPairs; kp < (b + 1) * kBlockPairs; kp += kSubs) {
+            __m512i wv[kVectors][kSubs];
+            for (int j = 0; j < kVectors; ++j)
+                load_codes<Bits>(p, v0 + j, kp, wv[j]);
+            for (int s = 0; s < kSubs; ++s)
+                for (int i = 0; i < MT; ++i) {
+                    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * (kp + s)));
+                    for (int j = 0; j < kVectors; ++j)
+                        isum[i][j] = _mm512_dpwssd_epi32(isum[i][j], a, wv[j][s]);
+                }
+        }
+        for (int j = 0; j < kVectors; ++j) {
+            __m512 d, z;
+            if constexpr (S != Scales::PerRow)
+                d = half16(p.d + ((v0 + j) * p.G + b) * kLanes);
+            if constexpr (S == Scales::GroupedWithZero)
+                z = half16(p.z + ((v0 + j) * p.G + b) * kLanes);
+            for (int i = 0; i < MT; ++i) {
+                float* acc = part + (i * kVectors + j) * kLanes;
+                const int64_t row_block = (m0 + i) * p.KB + b;
+                const __m512 f = _mm512_cvtepi32_ps(isum[i][j]);
+                const __m512 s = _mm512_set1_ps(p.x.scale[row_block]);
+                __m512 a = _mm512_loadu_ps(acc);
+                if constexpr (S == Scales::PerRow) {
+                    a = _mm512_fmadd_ps(f, s, a);
+                } else {
+                    a = _mm512_fmadd_ps(_mm512_mul_ps(f, s), d, a);
+                    if constexpr (S == Scales::GroupedWithZero)
+                        a = _mm512_fmadd_ps(_mm512_set1_ps(p.x.sum[row_block]), z, a);
+                }
+                _mm512_storeu_ps(acc, a);
+            }
+        }
+    }
+}
+
+template <int Bits, Scales S>
+void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t b0, int64_t b1, float* part) {
+    switch (mt) {
+        case 1: return tile<Bits, S, 1>(p, m0, v0, b0, b1, part);
+        case 2: return tile<Bits, S, 2>(p, m0, v0, b0, b1, part);
+        case 3: return tile<Bits, S, 3>(p, m0, v0, b0, b1, part);
+        default: return tile<Bits, S, 4>(p, m0, v0, b0, b1, part);
+    }
+}
+
+template <Scales S, typename T>
+void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, const float* part, T* y) {
+    for (int j = 0; j < kVectors; ++j) {
+        const int64_t n0 = (v0 + j) * kLanes;
+        if (n0 >= p.N)
+            return;
+        const __mmask16 mask = lanes(p.N - n0);
+        const __m512 d = half16(p.d + (v0 + j) * p.G * kLanes);
+        const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+        for (int i = 0; i < mt; ++i) {
+            __m512 out = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+            if constexpr (S == Scales::PerRow)
+                out = _mm512_mul_ps(out, d);
+            tailrace::store16(y + (m0 + i) * p.N + n0, _mm512_add_ps(out, bias), mask);
+        }
+    }
+}
+
+// One thread's share: tiles of vectors [t0, t1), every row. The blocks are the middle loop so that
+// a tile's codes are read from memory once a chunk and reused by every row tile from cache.
+template <int Bits, Scales S, typename T>
+void run_tiles(const Problem& p, int64_t t0, int64_t t1, T* y) {
+    const int64_t row_tiles = (p.M + kRows - 1) / kRows;
+    std::vector<float> parts(row_tiles * kRows * kVectors * kLanes);
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t v0 = t * kVectors;
+        std::fill(parts.begin(), parts.end(), 0.0f);
+        for (int64_t b0 = 0; b0 < p.KB; b0 += kChunkBlocks)
+            for (int64_t r = 0; r < row_tiles; ++r)
+                tile_any<Bits, S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, b0,
+                                  std::min(p.KB, b0 + kChunkBlocks), parts.data() + r * kRows * kVectors * kLanes);
+        for (int64_t r = 0; r < row_tiles; ++r)
+            store_outputs<S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0,
+                          parts.data() + r * kRows * kVectors * kLanes, y);
+    }
+}
+
+template <int Bits, Scales S, typename T>
+void run(const Problem& p, T* y) {
+    at::parallel_for(0, p.NV / kVectors, 1, [&](int64_t t0, int64_t t1) { run_tiles<Bits, S>(p, t0, t1, y); });
+}
+
+template <int Bits, typename T>
+void run_bits(const Problem& p, T* y) {
+    if (p.z != nullptr)
+        run<Bits, Scales::GroupedWithZero>(p, y);
+    else if (p.G == 1)
+        run<Bits, Scales::PerRow>(p, y);  // also where K is one block: the same sums
+    else
+        run<Bits, Scales::Grouped>(p, y);
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& d,
+                     const c10::optional<torch::Tensor>& z, const c10::optional<torch::Tensor>& bias, int64_t n) {
+    const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
+    TORCH_CHECK(bits == 8 || codes.scalar_type() == torch::kByte, "int_linear codes are int8 or uint8 (4-bit pairs)");
+    const int64_t K = x.size(-1);
+    TORCH_CHECK(K % kBlock == 0, "int_linear takes inputs in blocks of ", kBlock, ", not ", K);
+    TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 32 && codes.is_contiguous() && codes.size(0) % kVectors == 0,
+                "codes must be [NV, K / (16 / bits), 32] with NV a multiple of ", kVectors);
+    TORCH_CHECK(codes.size(1) == K / 2 / (8 / bits), "input width ", K, " does not match the codes");
+    const int64_t NV = codes.size(0), G = d.size(1);
+    TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 3 && d.size(0) == NV && d.size(2) == kLanes &&
+                    d.is_contiguous() && (G == 1 || G == K / kBlock),
+                "scales must be float16 [NV, 1 or K / 32, 16]");
+    TORCH_CHECK(!z || (G == K / kBlock && z->sizes() == d.sizes() && z->scalar_type() == torch::kHalf && z->is_contiguous()),
+                "zero points go with grouped scales, in their shape and type");
+    TORCH_CHECK(n <= NV * kLanes, "more outputs than the codes hold");
+    TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() >= n), "bias must be float32");
+    const torch::Tensor rows = x.reshape({-1, K}).contiguous();
+    const int64_t M = rows.size(0), KB = K / kBlock;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    torch::Tensor y = torch::empty(shape, x.options());
+    if (M == 0)
+        return y;
+    torch::Tensor xcodes = torch::empty({M, K}, x.options().dtype(torch::kShort));
+    torch::Tensor xfloats = torch::empty({2, M, KB}, x.options().dtype(torch::kFloat));
+    Problem p{{xcodes.data_ptr<int16_t>(), xfloats[0].data_ptr<float>(), xfloats[1].data_ptr<float>()},
+              static_cast<const uint8_t*>(codes.data_ptr()),
+              d.data_ptr<at::Half>(), z ? z->data_ptr<at::Half>() : nullptr,
+              bias ? bias->data_ptr<float>() : nullptr, M, K, n, KB, NV, G};
+    tailrace::with_element_type(x.scalar_type(), "int_linear", [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        quantize_rows(rows.data_ptr<T>(), M, K, xcodes.data_ptr<int16_t>(), xfloats[0].data_ptr<float>(),
+                      xfloats[1].data_ptr<float>());
+        if (bits == 8)
+            run_bits<8>(p, y.data_ptr<T>());
+        else
+            run_bits<4>(p, y.data_ptr<T>());
+    });
+    return y;
+}
+
+}  // namespace
+
+void register_int_linear(pybind11::module& m) {
+    m.def("int_linear", &linear,
+          "y = x @ W.T + bias for W = codes * d (+ z): int8 or 4-bit codes packed as in int_linear.cpp (AVX512-VNNI)");
+}

@@ -1,0 +1,77 @@
+"""int8 and int4 projections through tailrace's kernel (csrc/int_linear.cpp) on CPUs with AVX512-VNNI.
+
+A weight arrives as integer codes with scales (and zero points) per output row or per block of 32
+inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as
+they are (model/quant.py and model/gguf_quant.py make them). The codes are packed once here, in
+the kernel's order, and are all the model holds of the weight: 1 byte a weight for int8, half a
+byte for int4, plus a float16 scale (and zero) per 32.
+
+Like bf16_linear, the kernel gives each row the same bits whatever the batch or thread count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tailrace.model.cpu_kernels import kernels
+from tailrace.model.llama import Module
+
+_LANES = 16
+_TILE_VECTORS = 4  # the kernel's outputs per tile are 4 vectors: whole tiles only
+BLOCK = 32  # inputs per activation scale, and per weight group where the scales are grouped
+
+
+def available() -> bool:
+    """This CPU has the int16 dot product the kernel runs on (AVX512-VNNI), and the kernels built."""
+    return torch.cpu._is_vnni_supported() and kernels() is not None
+
+
+def takes(in_features: int) -> bool:
+    return in_features % BLOCK == 0
+
+
+def _vectors(out_features: int) -> int:
+    tiles = -(-out_features // (_LANES * _TILE_VECTORS))
+    return tiles * _TILE_VECTORS
+
+
+def _lanes_last(values: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [NV, ..., 16]: output n at lane n % 16 of vector n // 16, zero-padded to whole tiles."""
+    padded = values.new_zeros((_vectors(values.shape[0]) * _LANES, *values.shape[1:]))
+    padded[: values.shape[0]] = values
+    return padded.view(-1, _LANES, *values.shape[1:]).movedim(1, -1)
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 codes -> [NV, K / 2, 32] int8; [N, K] 4-bit codes (uint8, 0..15) -> [NV, K / 4, 32]
+    uint8 with pair 2p in the low nibbles and pair 2p + 1 in the high ones."""
+    n, k = codes.shape
+    # [NV, K/2, 2, 16] -> [NV, K/2, 16, 2]: lane l's pair at bytes 2l, 2l + 1
+    pairs = _lanes_last(codes.view(n, k // 2, 2)).transpose(-1, -2).reshape(-1, k // 2, 2 * _LANES)
+    if codes.dtype == torch.int8:
+        return pairs.contiguous()
+    nibbles = pairs.view(pairs.shape[0], k // 4, 2, 2 * _LANES)
+    return (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).contiguous()
+
+
+def pack_scales(values: torch.Tensor) -> torch.Tensor:
+    """[N, G] -> [NV, G, 16] float16."""
+    return _lanes_last(values.to(torch.float16)).contiguous()
+
+
+class IntLinear(Module):
+    """y = x @ w.T + bias with w = codes * scales (+ zeros), the scales per row or per 32 inputs."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 bias: torch.Tensor | None) -> None:
+        """codes [out, in]: int8, or uint8 in 0..15 for 4 bits; scales and zeros [out, 1 or in / 32]."""
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", pack_codes(codes))
+        self.register_buffer("scales", pack_scales(scales))
+        self.register_buffer("zeros", None if zeros is None else pack_scales(zeros))
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self._linear = kernels().int_linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.codes, self.scales, self.zeros, self.bias, self.out_features)

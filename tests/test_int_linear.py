@@ -1,0 +1,156 @@
+"""int8 and int4 projections through tailrace's kernel: the packed layouts, the arithmetic against a
+float64 reference over the same int16 activation codes, and the batch invariance the engine's
+exactness rests on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailrace.model import int_linear
+from tailrace.model.int_linear import BLOCK, IntLinear, pack_codes, pack_scales
+from tailrace.model.loader import load_model
+
+from conftest import EMBEDDED
+from test_quant import _prefill_logits
+
+needs_kernel = pytest.mark.skipif(not int_linear.available(), reason="no AVX512-VNNI or no tailrace CPU kernels here")
+
+
+def test_int8_codes_pack_16_outputs_to_a_vector_in_pairs_of_inputs():
+    codes = torch.arange(20 * 64, dtype=torch.int32).view(20, 64).remainder(251).sub(125).to(torch.int8)
+    packed = pack_codes(codes)
+    assert packed.shape == (4, 32, 32)  # 2 vectors of outputs, padded to a tile of 4
+    # vector v, pair p, lane l, element e holds codes[16 v + l, 2 p + e]
+    assert packed[1, 31, 2 * 3 + 1] == codes[19, 63]
+    assert packed[0, 5, 2 * 15] == codes[15, 10]
+    assert not packed[1, :, 8:].any() and not packed[2:].any()
+
+
+def test_int4_codes_pack_two_pairs_to_a_byte():
+    codes = torch.arange(16 * 64, dtype=torch.int32).view(16, 64).remainder(16).to(torch.uint8)
+    packed = pack_codes(codes)
+    assert packed.shape == (4, 16, 32)
+    # byte b of run p: pair 2p's element b in the low nibble, pair 2p + 1's in the high one
+    lane, element, run = 5, 1, 3
+    byte = int(packed[0, run, 2 * lane + element])
+    assert byte & 0x0F == codes[lane, 2 * (2 * run) + element]
+    assert byte >> 4 == codes[lane, 2 * (2 * run + 1) + element]
+
+
+def test_scales_pack_lanes_last_in_float16():
+    scales = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+    packed = pack_scales(scales)
+    assert packed.shape == (4, 3, 16) and packed.dtype == torch.float16
+    assert packed[1, 2, 3] == scales[19, 2]
+
+
+def _activation_codes(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel rounds it: int16 codes times max|x| / 32767 per block of 32, in float64."""
+    blocks = x.float().view(x.shape[0], -1, BLOCK)
+    largest = blocks.abs().amax(-1, keepdim=True)
+    codes = torch.where(largest > 0, torch.round(blocks * (32767 / largest)), 0)  # a zero block stays 0
+    return (codes * (largest / 32767)).view(x.shape).double()
+
+
+def _random_weight(bits: int, grouped: bool, zeros: bool, out_features: int, in_features: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    if bits == 8:
+        codes = torch.randint(-128, 128, (out_features, in_features), generator=g, dtype=torch.int8)
+    else:
+        codes = torch.randint(0, 16, (out_features, in_features), generator=g, dtype=torch.uint8)
+    groups = in_features // BLOCK if grouped else 1
+    scales = (torch.rand(out_features, groups, generator=g) * 0.01 + 1e-3).half().float()
+    zero = (torch.randn(out_features, groups, generator=g) * 0.01).half().float() if zeros else None
+    return codes, scales, zero
+
+
+def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> torch.Tensor:
+    out_features, in_features = codes.shape
+    w = codes.double().view(out_features, scales.shape[1], -1) * scales.double()[..., None]
+    if zeros is not None:
+        w = w + zeros.double()[..., None]
+    return _activation_codes(x) @ w.view(out_features, in_features).t()
+
+
+forms = st.sampled_from([(8, False, False), (8, True, False), (4, True, True), (4, True, False)])
+
+
+@needs_kernel
+@settings(max_examples=30, deadline=None)
+@given(form=forms, rows=st.integers(1, 11), out_features=st.integers(1, 150), blocks=st.integers(1, 40),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_kernel_multiplies_by_codes_times_scales(form, rows, out_features, blocks, dtype, seed):
+    bits, grouped, zeros = form
+    codes, scales, zero = _random_weight(bits, grouped, zeros, out_features, blocks * BLOCK, seed)
+    bias = torch.randn(out_features, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(rows, blocks * BLOCK, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    actual = IntLinear(codes, scales, zero, bias)(x)
+    assert actual.dtype == dtype and actual.shape == (rows, out_features)
+    expected = _reference(x, codes, scales, zero) + bias.double()
+    # float32 sums of a block each; bfloat16 adds the output's rounding
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-8
+    assert (actual.double() - expected).abs().max() <= tolerance * expected.abs().max()
+
+
+@needs_kernel
+@settings(max_examples=20, deadline=None)
+@given(form=forms, rows=st.integers(2, 40), seed=st.integers(0, 2**16), threads=st.sampled_from([1, 2]))
+def test_a_rows_bits_do_not_depend_on_its_batch(form, rows, seed, threads):
+    codes, scales, zero = _random_weight(*form, 70, 6 * BLOCK, seed)
+    layer = IntLinear(codes, scales, zero, None)
+    x = torch.randn(rows, 6 * BLOCK, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = layer(x)
+    finally:
+        torch.set_num_threads(before)
+    for row in {0, rows // 2, rows - 1}:
+        assert torch.equal(layer(x[row:row + 1])[0], batch[row])
+
+
+@needs_kernel
+def test_a_non_finite_input_spoils_only_its_own_row():
+    codes, scales, _ = _random_weight(8, False, False, 32, 2 * BLOCK, 0)
+    x = torch.randn(3, 2 * BLOCK)
+    x[1, 40] = math.inf
+    out = IntLinear(codes, scales, None, None)(x)
+    assert out[1].isnan().all() and out[[0, 2]].isfinite().all()
+
+
+@needs_kernel
+def test_an_all_zero_block_contributes_nothing():
+    codes, scales, zero = _random_weight(4, True, True, 16, 2 * BLOCK, 0)
+    x = torch.randn(1, 2 * BLOCK)
+    x[0, :BLOCK] = 0
+    expected = _reference(x, codes, scales, zero)
+    assert torch.allclose(IntLinear(codes, scales, zero, None)(x).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_bad_shapes_are_refused():
+    codes, scales, _ = _random_weight(8, False, False, 16, 2 * BLOCK, 0)
+    layer = IntLinear(codes, scales, None, None)
+    with pytest.raises(RuntimeError, match="does not match the codes"):
+        layer(torch.randn(1, 3 * BLOCK))
+    with pytest.raises(RuntimeError, match="blocks of 32"):
+        layer(torch.randn(1, 2 * BLOCK + 2))
+
+
+@needs_kernel
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_embedded_model_runs_on_the_kernel_and_stays_close_to_pytorchs(method, monkeypatch):
+    ours, config = load_model(str(EMBEDDED), dtype="bfloat16", quantization=method)
+    assert isinstance(ours.lm_head, IntLinear)
+    monkeypatch.setattr(int_linear, "available", lambda: False)
+    pytorchs, _ = load_model(str(EMBEDDED), dtype="bfloat16", quantization=method)
+    assert not isinstance(pytorchs.lm_head, IntLinear)
+    tokens = list(range(100, 164))
+    expected, got = _prefill_logits(pytorchs, config, tokens), _prefill_logits(ours, config, tokens)
+    agreement = (expected.argmax(-1) == got.argmax(-1)).float().mean().item()
+    assert agreement >= 0.9
