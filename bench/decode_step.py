@@ -89,16 +89,26 @@ def prefilled_cache(model, config, batch: int, context: int, steps: int,
     return cache, tables
 
 
-def decode_step_times(model, config, batch: int, context: int, steps: int) -> list[float]:
+def decode_step_times(model, config, batch: int, context: int, steps: int,
+                      paths: dict[str, object] | None = None) -> dict[str, list[float]]:
+    """Each decode step's time, per path: `paths` names the model's `fused_layers` to run with (its
+    own by default). Each step runs once on every path at the same position (each path writes the
+    same K/V bits), the order rotating, so load on shared cores falls on every path alike."""
+    own = model.model.fused_layers
+    paths = paths or {"": own}
+    names = list(paths)
     cache, tables = prefilled_cache(model, config, batch, context, steps)
-    times = []
+    times = {name: [] for name in names}
     with torch.inference_mode():
         ids = [[5]] * batch
         for i in range(steps):
-            start = time.perf_counter()
-            logits = forward_step(model, cache, tables, ids, context + i)
-            logits.argmax(dim=-1).tolist()
-            times.append(time.perf_counter() - start)
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                model.model.fused_layers = paths[name]
+                start = time.perf_counter()
+                logits = forward_step(model, cache, tables, ids, context + i)
+                logits.argmax(dim=-1).tolist()
+                times[name].append(time.perf_counter() - start)
+    model.model.fused_layers = own
     return times
 
 
@@ -172,24 +182,32 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=192)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prefill", type=int, default=128, help="prompt tokens of the prefill measured (0: none)")
+    parser.add_argument("--ab-fused", action="store_true",
+                        help="time each step on both paths: every layer in one call, and module by module")
     parser.add_argument("--out", default="bench/out/decode_step.json")
     args = parser.parse_args()
     bandwidth = read_bandwidth(args.threads)
     model, config = load_as_engine(args.model, args.dtype, args.quantization, "dummy", pack=not args.no_pack)
     weight_bytes = streamed_weight_bytes(model)
     floor = weight_bytes / bandwidth
+    paths = None
+    if args.ab_fused:
+        if model.model.fused_layers is None:
+            parser.error("--ab-fused: this model runs module by module only (see cpu_ops.fusable)")
+        paths = {"fused": model.model.fused_layers, "modules": None}
     rows = []
     for batch in args.batch:
-        times = decode_step_times(model, config, batch, args.context, args.steps)
-        median = statistics.median(times[2:])
-        rows.append({"batch": batch, "step_ms": median * 1e3, "tok_per_s": batch / median,
-                     "vs_floor": median / floor})
+        for path, times in decode_step_times(model, config, batch, args.context, args.steps, paths).items():
+            median = statistics.median(times[2:])
+            rows.append({"batch": batch, "path": path, "step_ms": median * 1e3, "tok_per_s": batch / median,
+                         "vs_floor": median / floor})
     print(f"{args.model}: {args.dtype}{' ' + args.quantization if args.quantization else ''}, {args.threads} "
           f"threads, weights read per step {weight_bytes / 1e6:.1f} MB, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
           f"floor {floor * 1e3:.2f} ms, load {os.getloadavg()[0]:.2f}")
-    print(f"{'batch':>6} {'step ms':>9} {'tok/s':>8} {'/ floor':>8}")
+    print(f"{'batch':>6} {'path':>8} {'step ms':>9} {'tok/s':>8} {'/ floor':>8}")
     for row in rows:
-        print(f"{row['batch']:>6} {row['step_ms']:>9.2f} {row['tok_per_s']:>8.1f} {row['vs_floor']:>8.2f}")
+        print(f"{row['batch']:>6} {row['path']:>8} {row['step_ms']:>9.2f} {row['tok_per_s']:>8.1f} "
+              f"{row['vs_floor']:>8.2f}")
     prefill = {}
     if args.prefill:
         seconds, bound = prefill_time(model, config, args.prefill), matmul_bound(config, args.prefill, model.dtype)

@@ -6,6 +6,8 @@
   see int_linear.py.
 - `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
   see cpu_ops.py.
+- `DecoderLayers`: every decoder layer of a bfloat16 forward in one call to the kernels above
+  (AVX512-BF16), see cpu_ops.FusedLayers.
 
 Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
@@ -28,7 +30,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
-            for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp")]
+            for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
+                         "decoder.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"]
 
 

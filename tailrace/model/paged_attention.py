@@ -144,11 +144,9 @@ class PagedKVCache:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence."""
-        if self.metadata is None or batch is not self._batch:
-            raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
+        meta = self.step_metadata(batch)
         self.k[layer].index_copy_(0, batch.slot_mapping, k)
         self.v[layer].index_copy_(0, batch.slot_mapping, v)
-        meta = self.metadata
         if self._native_attention is not None:
             return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
                                           meta.block_tables, self.block_size, meta.num_seqs, self.scale)
@@ -157,6 +155,17 @@ class PagedKVCache:
         out = q.new_empty(q.shape)
         paged_attention_triton(q, self.k[layer], self.v[layer], meta, out, self.scale)
         return out
+
+    def step_metadata(self, batch: AttentionBatch) -> PagedAttentionMetadata:
+        """The metadata `begin(batch)` sent, which every layer of this batch's forward reads."""
+        if self.metadata is None or batch is not self._batch:
+            raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
+        return self.metadata
+
+    @property
+    def runs_native_kernel(self) -> bool:
+        """Attention runs tailrace's CPU kernel (csrc/paged_attention.cpp)."""
+        return self._native_attention is not None
 
     def release(self, key: int) -> None:
         """Nothing to free: no state is kept per sequence, its block table comes with every step."""

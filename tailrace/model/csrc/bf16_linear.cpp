@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
 #include "vec.h"
 
 namespace {
@@ -123,23 +124,25 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     const int64_t K = x.size(-1);
     TORCH_CHECK(K == 2 * packed.size(1), "input width ", K, " does not match the packed weights' ", 2 * packed.size(1));
     const torch::Tensor rows = x.reshape({-1, K}).contiguous();
-    const int64_t M = rows.size(0);
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = n;
     torch::Tensor y = torch::empty(shape, x.options());
-    if (M == 0)
-        return y;
-    Problem p{reinterpret_cast<const uint16_t*>(rows.data_ptr()),
-              reinterpret_cast<const uint16_t*>(packed.data_ptr()),
-              bias ? bias->data_ptr<float>() : nullptr,
-              reinterpret_cast<uint16_t*>(y.data_ptr()),
-              M, K, n, K / 2, packed.size(0)};
-    const int64_t groups = (p.NV + kVectors - 1) / kVectors;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { run_groups(p, g0, g1); });
+    tailrace::bf16_linear(rows.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), packed.size(0),
+                          bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<c10::BFloat16>(), rows.size(0), K, n);
     return y;
 }
 
 }  // namespace
+
+void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
+                           c10::BFloat16* y, int64_t rows, int64_t k, int64_t n) {
+    if (rows == 0)
+        return;
+    const Problem p{reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(packed), bias,
+                    reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
+    const int64_t groups = (p.NV + kVectors - 1) / kVectors;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { run_groups(p, g0, g1); });
+}
 
 void register_bf16_linear(pybind11::module& m) {
     m.def("bf16_linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16, AVX512-BF16)");

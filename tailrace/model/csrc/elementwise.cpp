@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels.h"
 #include "vec.h"
 
 namespace {
@@ -25,6 +26,10 @@ using tailrace::store16;
 constexpr int64_t kGrainElements = 1 << 14;
 
 int64_t grain(int64_t width) { return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(width, 1)); }
+
+}  // namespace
+
+namespace tailrace {
 
 template <typename T>
 void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps) {
@@ -46,21 +51,6 @@ void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t wi
             }
         }
     });
-}
-
-// x [..., D] (rows may be strided), weight [D] -> [..., D] contiguous.
-torch::Tensor rms_norm(const torch::Tensor& x_any, const torch::Tensor& weight, double eps) {
-    const int64_t width = x_any.size(-1);
-    TORCH_CHECK(weight.numel() == width && weight.scalar_type() == x_any.scalar_type() && weight.is_contiguous(),
-                "weight must be [D] in x's dtype");
-    const torch::Tensor x = x_any.stride(-1) == 1 && x_any.dim() == 2 ? x_any : x_any.reshape({-1, width}).contiguous();
-    torch::Tensor out = torch::empty(x_any.sizes(), x_any.options());
-    tailrace::with_element_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        rms_norm_rows(x.data_ptr<T>(), weight.data_ptr<T>(), out.data_ptr<T>(), x.size(0), width, x.stride(0),
-                      static_cast<float>(eps));
-    });
-    return out;
 }
 
 // The "rotate_half" convention with the sign in the sin table: out = x * cos + roll(x, D/2) * sin,
@@ -89,22 +79,6 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
     });
 }
 
-torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), "x must be [T, H, D] with each row's heads contiguous");
-    const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
-    TORCH_CHECK(dim % 32 == 0, "rotary needs head_dim a multiple of 32");
-    TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.numel() == rows * dim &&
-                sin.numel() == rows * dim, "cos and sin must be float32 [T, 1, D]");
-    const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
-    torch::Tensor out = torch::empty({rows, heads, dim}, x.options());
-    tailrace::with_element_type(x.scalar_type(), "rotary", [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        rotary_rows(x.data_ptr<T>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr<T>(), rows,
-                    heads, dim);
-    });
-    return out;
-}
-
 // silu(gate) * up over x = [gate | up] per row, the reference's rounding: silu's result rounded
 // to the dtype, then the product rounded.
 template <typename T>
@@ -124,6 +98,48 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
     });
 }
 
+// decoder.cpp calls them from its own translation unit.
+template void rms_norm_rows(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t, int64_t,
+                            float);
+template void rotary_rows(const c10::BFloat16*, int64_t, const float*, const float*, c10::BFloat16*, int64_t,
+                          int64_t, int64_t);
+template void silu_mul_rows(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+
+}  // namespace tailrace
+
+namespace {
+
+// x [..., D] (rows may be strided), weight [D] -> [..., D] contiguous.
+torch::Tensor rms_norm(const torch::Tensor& x_any, const torch::Tensor& weight, double eps) {
+    const int64_t width = x_any.size(-1);
+    TORCH_CHECK(weight.numel() == width && weight.scalar_type() == x_any.scalar_type() && weight.is_contiguous(),
+                "weight must be [D] in x's dtype");
+    const torch::Tensor x = x_any.stride(-1) == 1 && x_any.dim() == 2 ? x_any : x_any.reshape({-1, width}).contiguous();
+    torch::Tensor out = torch::empty(x_any.sizes(), x_any.options());
+    tailrace::with_element_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        tailrace::rms_norm_rows(x.data_ptr<T>(), weight.data_ptr<T>(), out.data_ptr<T>(), x.size(0), width,
+                                x.stride(0), static_cast<float>(eps));
+    });
+    return out;
+}
+
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), "x must be [T, H, D] with each row's heads contiguous");
+    const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2);
+    TORCH_CHECK(dim % 32 == 0, "rotary needs head_dim a multiple of 32");
+    TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.numel() == rows * dim &&
+                sin.numel() == rows * dim, "cos and sin must be float32 [T, 1, D]");
+    const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
+    torch::Tensor out = torch::empty({rows, heads, dim}, x.options());
+    tailrace::with_element_type(x.scalar_type(), "rotary", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        tailrace::rotary_rows(x.data_ptr<T>(), x.stride(0), c.data_ptr<float>(), s.data_ptr<float>(),
+                              out.data_ptr<T>(), rows, heads, dim);
+    });
+    return out;
+}
+
 torch::Tensor silu_mul(const torch::Tensor& x_any) {
     const int64_t width = x_any.size(-1) / 2;
     TORCH_CHECK(x_any.size(-1) % 2 == 0, "x must be [..., 2 * I]: gate then up");
@@ -134,7 +150,7 @@ torch::Tensor silu_mul(const torch::Tensor& x_any) {
     const int64_t rows = width ? x.numel() / (2 * width) : 0;
     tailrace::with_element_type(x.scalar_type(), "silu_mul", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        silu_mul_rows(x.data_ptr<T>(), out.data_ptr<T>(), rows, width);
+        tailrace::silu_mul_rows(x.data_ptr<T>(), out.data_ptr<T>(), rows, width);
     });
     return out;
 }

@@ -5,11 +5,13 @@
 void register_bf16_linear(pybind11::module& m);
 void register_paged_attention(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
+void register_decoder(pybind11::module& m);
 void register_int_linear(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
     register_paged_attention(m);
     register_elementwise(m);
+    register_decoder(m);
     register_int_linear(m);
 }

@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 #include <cmath>
@@ -24,20 +25,8 @@ using tailrace::exp16;
 using tailrace::kLanes;
 using tailrace::lanes;
 using tailrace::load16;
+using tailrace::PagedAttention;
 using tailrace::store16;
-
-template <typename T>
-struct Problem {
-    const T* q;  // [rows][heads][dim], rows q_stride apart
-    int64_t q_stride;
-    const T* k;  // [page rows][kv heads][dim]
-    const T* v;
-    T* out;      // [rows][heads][dim]
-    const int32_t* tables;  // block b of sequence s at tables[s * table_seq_stride + b * table_block_stride]
-    int64_t table_seq_stride, table_block_stride, block_size;
-    int64_t heads, kv_heads, dim;
-    float scale;
-};
 
 // The 16 lane sums of v[0..15], lane j holding v[j]'s: a fixed tree of shuffles and adds, so each
 // sum's rounding depends on its own vector alone, never on the others or on how many are live.
@@ -59,7 +48,7 @@ template <typename T>
 struct Rows {
     // Page rows of positions [base, base + count), count <= 16: one table look-up when a block
     // holds whole groups of 16, else one per position.
-    const Problem<T>& p;
+    const PagedAttention<T>& p;
     const int32_t* table;
 
     int64_t page_row(int64_t pos) const {
@@ -76,7 +65,8 @@ struct Rows {
 
 // One query row of one head: the row sees positions 0..last of sequence `seq`.
 template <typename T>
-void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int64_t last, std::vector<float>& scores) {
+void attend_row(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t seq, int64_t last,
+                std::vector<float>& scores) {
     const int64_t n = last + 1, dim = p.dim, vecs = dim / kLanes;
     const int64_t kv_head = head / (p.heads / p.kv_heads);
     const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
@@ -135,23 +125,6 @@ void attend_row(const Problem<T>& p, int64_t row, int64_t head, int64_t seq, int
         store16(out + i * kLanes, _mm512_mul_ps(acc[i], inverse));
 }
 
-template <typename T>
-void run(const Problem<T>& p, const std::vector<int64_t>& row_seq, const std::vector<int64_t>& row_last) {
-    // Items are (row, head). A prefill's later rows see more keys, so a thread's share is every
-    // stride-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows.
-    const int64_t items = static_cast<int64_t>(row_seq.size()) * p.heads;
-    const int64_t stride = std::min<int64_t>(items, 64);
-    at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores;
-        for (int64_t first = begin; first < end; ++first)
-            for (int64_t item = first; item < items; item += stride) {
-                const int64_t row = item / p.heads;
-                if (row_seq[row] >= 0)
-                    attend_row(p, row, item % p.heads, row_seq[row], row_last[row], scores);
-            }
-    });
-}
-
 // q [T, H, D]; k_pages, v_pages [P, kvH, D]; query_start_loc [>= B + 1], seq_lens [>= B] (int32);
 // block_tables [B', max_blocks] int32, any strides. Rows outside every sequence are zero.
 torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
@@ -169,30 +142,56 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
     TORCH_CHECK(q.size(1) % k_pages.size(1) == 0, "query heads must be a multiple of KV heads");
     TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
                 block_tables.scalar_type() == torch::kInt32, "metadata must be int32");
-    const int32_t* loc = query_start_loc.data_ptr<int32_t>();
-    const int32_t* lens = seq_lens.data_ptr<int32_t>();
-    const int64_t rows = q.size(0);
-    std::vector<int64_t> row_seq(rows, -1), row_last(rows, 0);
-    for (int64_t s = 0; s < num_seqs; ++s) {
-        const int64_t start = loc[s], end = loc[s + 1], len = lens[s];
-        TORCH_CHECK(0 <= start && start <= end && end <= rows && end - start <= len, "bad query_start_loc/seq_lens");
-        for (int64_t r = start; r < end; ++r) {
-            row_seq[r] = s;
-            row_last[r] = len - (end - r);
-        }
-    }
-    torch::Tensor out = torch::zeros(q.sizes(), q.options());
+    const tailrace::QueryRows rows = tailrace::query_rows(query_start_loc.data_ptr<int32_t>(),
+                                                          seq_lens.data_ptr<int32_t>(), num_seqs, q.size(0));
+    torch::Tensor out = torch::empty(q.sizes(), q.options());
     tailrace::with_element_type(q.scalar_type(), "paged_attention", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        Problem<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
+        PagedAttention<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
                      q.size(1), k_pages.size(1), dim, static_cast<float>(scale)};
-        run(p, row_seq, row_last);
+        tailrace::paged_attention(p, rows);
     });
     return out;
 }
 
 }  // namespace
+
+tailrace::QueryRows tailrace::query_rows(const int32_t* query_start_loc, const int32_t* seq_lens, int64_t num_seqs,
+                                         int64_t rows) {
+    QueryRows out{std::vector<int64_t>(rows, -1), std::vector<int64_t>(rows, 0)};
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t start = query_start_loc[s], end = query_start_loc[s + 1], len = seq_lens[s];
+        TORCH_CHECK(0 <= start && start <= end && end <= rows && end - start <= len, "bad query_start_loc/seq_lens");
+        for (int64_t r = start; r < end; ++r) {
+            out.seq[r] = s;
+            out.last[r] = len - (end - r);
+        }
+    }
+    return out;
+}
+
+template <typename T>
+void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows) {
+    // Items are (row, head). A prefill's later rows see more keys, so a thread's share is every
+    // stride-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows.
+    const int64_t items = static_cast<int64_t>(rows.seq.size()) * p.heads;
+    const int64_t stride = std::min<int64_t>(items, 64);
+    at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores;
+        for (int64_t first = begin; first < end; ++first)
+            for (int64_t item = first; item < items; item += stride) {
+                const int64_t row = item / p.heads, head = item % p.heads;
+                if (rows.seq[row] >= 0)
+                    attend_row(p, row, head, rows.seq[row], rows.last[row], scores);
+                else
+                    std::fill_n(p.out + (row * p.heads + head) * p.dim, p.dim, T(0));
+            }
+    });
+}
+
+template void tailrace::paged_attention(const PagedAttention<float>&, const QueryRows&);
+template void tailrace::paged_attention(const PagedAttention<c10::BFloat16>&, const QueryRows&);
 
 void register_paged_attention(pybind11::module& m) {
     m.def("paged_attention", &paged_attention,

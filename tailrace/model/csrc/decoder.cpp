@@ -1,0 +1,230 @@
+// Every decoder layer of a bfloat16 Llama-family forward in one call from Python.
+//
+// The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
+// attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
+// Here the same kernel functions (kernels.h) run on the same inputs in the same order with the
+// same rounding points, so every output has the bits the per-module path gives it, in any batch;
+// only the calls are gone. A batch-1 decode step of SmolLM2-135M's 30 layers took 14.7 ms module
+// by module and 11.6 ms this way (bench/RESULTS.md, seventh session).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+#include "vec.h"
+
+namespace {
+
+using BF16 = c10::BFloat16;
+using tailrace::kLanes;
+using tailrace::lanes;
+using tailrace::load16;
+using tailrace::store16;
+
+// Residual adds of this many elements or more are split over the thread pool.
+constexpr int64_t kAddGrain = 1 << 14;
+
+// out = a + b as eager bfloat16 PyTorch adds: both widened to float32, summed, rounded once
+// (round to nearest even). out may be a.
+void add(const BF16* a, const BF16* b, BF16* out, int64_t n) {
+    at::parallel_for(0, n, kAddGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; i += kLanes) {
+            const __mmask16 m = lanes(end - i);
+            store16(out + i, _mm512_add_ps(load16(a + i, m), load16(b + i, m)), m);
+        }
+    });
+}
+
+struct Layer {
+    torch::Tensor input_norm, post_norm;  // [hidden]
+    torch::Tensor q_norm, k_norm;         // [head_dim], or undefined for models without q/k norms
+    torch::Tensor qkv, o, gate_up, down;  // packed as bf16_linear takes them: [vectors, K / 2, 32]
+    torch::Tensor qkv_bias;               // float32, padded to whole vectors, or undefined
+};
+
+const BF16* bf16(const torch::Tensor& t) { return t.data_ptr<BF16>(); }
+
+class DecoderLayers {
+public:
+    DecoderLayers(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+        : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
+          eps_(static_cast<float>(eps)) {
+        TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
+        TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+    }
+
+    void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv,
+                   const c10::optional<torch::Tensor>& qkv_bias, const c10::optional<torch::Tensor>& q_norm,
+                   const c10::optional<torch::Tensor>& k_norm, const torch::Tensor& o,
+                   const torch::Tensor& post_norm, const torch::Tensor& gate_up, const torch::Tensor& down) {
+        check_norm(input_norm, hidden_);
+        check_norm(post_norm, hidden_);
+        TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
+        if (q_norm) {
+            check_norm(*q_norm, dim_);
+            check_norm(*k_norm, dim_);
+        }
+        check_packed(qkv, hidden_, qkv_width());
+        check_packed(o, heads_ * dim_, hidden_);
+        check_packed(gate_up, hidden_, 2 * intermediate_);
+        check_packed(down, intermediate_, hidden_);
+        if (qkv_bias)
+            TORCH_CHECK(qkv_bias->scalar_type() == torch::kFloat32 && qkv_bias->is_contiguous() &&
+                        qkv_bias->numel() == qkv.size(0) * kLanes,
+                        "the qkv bias must be float32, padded to whole vectors");
+        layers_.push_back({input_norm, post_norm, q_norm.value_or(torch::Tensor()), k_norm.value_or(torch::Tensor()),
+                           qkv, o, gate_up, down, qkv_bias.value_or(torch::Tensor())});
+    }
+
+    // h [T, hidden] -> h after every layer. cos/sin [T, 1, head_dim] float32; k/v pages
+    // [layers, slots, kv heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
+    torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                          const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
+                          const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                          const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) const {
+        check_step(h, cos, sin, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
+        const int64_t T = h.size(0), slots = k_pages.size(1);
+        const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+        for (int64_t t = 0; t < T; ++t)
+            TORCH_CHECK(0 <= slot[t] && slot[t] < slots, "slot_mapping holds a slot outside the pages");
+        auto rows = [&](int64_t width) { return torch::empty({T, width}, h.options()); };
+        const int64_t qk_width = (heads_ + kv_heads_) * dim_;
+        Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), k_pages.data_ptr<BF16>(), v_pages.data_ptr<BF16>(),
+                  slots, slot, block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1),
+                  block_size, static_cast<float>(scale),
+                  tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
+                  h.clone(at::MemoryFormat::Contiguous), rows(hidden_), rows(qkv_width()), rows(qk_width),
+                  rows(qk_width), rows(heads_ * dim_), rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
+        for (size_t l = 0; l < layers_.size(); ++l) {
+            attention(layers_[l], static_cast<int64_t>(l), step);
+            feed_forward(layers_[l], step);
+        }
+        return step.h;
+    }
+
+private:
+    // One forward's inputs, and its rows between kernels (shared by every layer).
+    struct Step {
+        int64_t T;
+        const float *cos, *sin;
+        BF16 *k_pages, *v_pages;
+        int64_t slots;
+        const int64_t* slot;  // [T]
+        const int32_t* tables;
+        int64_t table_seq_stride, table_block_stride, block_size;
+        float scale;
+        tailrace::QueryRows rows;
+        torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
+    };
+
+    int64_t qkv_width() const { return (heads_ + 2 * kv_heads_) * dim_; }
+
+    // h + o_proj(attention(rotary(q/k norms(qkv_proj(norm(h)))))), the step's K/V stored into layer l's pages
+    void attention(const Layer& w, int64_t l, Step& s) const {
+        const int64_t T = s.T, qk_heads = heads_ + kv_heads_, kv_width = kv_heads_ * dim_;
+        BF16* h = s.h.data_ptr<BF16>();
+        tailrace::rms_norm_rows(h, bf16(w.input_norm), s.x.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
+        linear(w.qkv, w.qkv_bias, s.x, s.qkv);
+        // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
+        const BF16* qk = bf16(s.qkv);
+        int64_t qk_stride = qkv_width();
+        if (w.q_norm.defined()) {
+            for (int64_t t = 0; t < T; ++t) {
+                BF16* normed = s.qk.data_ptr<BF16>() + t * qk_heads * dim_;
+                const BF16* row = bf16(s.qkv) + t * qkv_width();
+                tailrace::rms_norm_rows(row, bf16(w.q_norm), normed, heads_, dim_, dim_, eps_);
+                tailrace::rms_norm_rows(row + heads_ * dim_, bf16(w.k_norm), normed + heads_ * dim_, kv_heads_, dim_,
+                                        dim_, eps_);
+            }
+            qk = bf16(s.qk);
+            qk_stride = qk_heads * dim_;
+        }
+        tailrace::rotary_rows(qk, qk_stride, s.cos, s.sin, s.rotated.data_ptr<BF16>(), T, qk_heads, dim_);
+        BF16* k_layer = s.k_pages + l * s.slots * kv_width;
+        BF16* v_layer = s.v_pages + l * s.slots * kv_width;
+        for (int64_t t = 0; t < T; ++t) {
+            std::memcpy(k_layer + s.slot[t] * kv_width, bf16(s.rotated) + (t * qk_heads + heads_) * dim_,
+                        kv_width * sizeof(BF16));
+            std::memcpy(v_layer + s.slot[t] * kv_width, bf16(s.qkv) + t * qkv_width() + qk_heads * dim_,
+                        kv_width * sizeof(BF16));
+        }
+        const tailrace::PagedAttention<BF16> problem{
+            bf16(s.rotated), qk_heads * dim_, k_layer, v_layer, s.attended.data_ptr<BF16>(), s.tables,
+            s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale};
+        tailrace::paged_attention(problem, s.rows);
+        linear(w.o, torch::Tensor(), s.attended, s.y);
+        add(h, bf16(s.y), h, T * hidden_);
+    }
+
+    // h + down_proj(silu(gate) * up of gate_up_proj(norm(h)))
+    void feed_forward(const Layer& w, Step& s) const {
+        BF16* h = s.h.data_ptr<BF16>();
+        tailrace::rms_norm_rows(h, bf16(w.post_norm), s.x.data_ptr<BF16>(), s.T, hidden_, hidden_, eps_);
+        linear(w.gate_up, torch::Tensor(), s.x, s.gate_up);
+        tailrace::silu_mul_rows(bf16(s.gate_up), s.act.data_ptr<BF16>(), s.T, intermediate_);
+        linear(w.down, torch::Tensor(), s.act, s.y);
+        add(h, bf16(s.y), h, s.T * hidden_);
+    }
+
+    // y [T, n] = x [T, K] through weights packed for bf16_linear
+    static void linear(const torch::Tensor& packed, const torch::Tensor& bias, const torch::Tensor& x,
+                       torch::Tensor& y) {
+        tailrace::bf16_linear(bf16(x), bf16(packed), packed.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                              y.data_ptr<BF16>(), x.size(0), x.size(1), y.size(1));
+    }
+
+    static void check_norm(const torch::Tensor& weight, int64_t width) {
+        TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && weight.is_contiguous() && weight.numel() == width,
+                    "a norm weight must be bfloat16 [", width, "]");
+    }
+
+    static void check_packed(const torch::Tensor& packed, int64_t in, int64_t out) {
+        TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() && packed.dim() == 3 &&
+                    packed.size(0) == (out + kLanes - 1) / kLanes && packed.size(1) == in / 2 &&
+                    packed.size(2) == 2 * kLanes, "packed weights must be bfloat16 [", (out + kLanes - 1) / kLanes,
+                    ", ", in / 2, ", 32]");
+    }
+
+    void check_step(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                    const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
+                    const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
+                    const torch::Tensor& block_tables) const {
+        const int64_t T = h.size(0);
+        TORCH_CHECK(h.scalar_type() == torch::kBFloat16 && h.dim() == 2 && h.size(1) == hidden_,
+                    "h must be bfloat16 [T, ", hidden_, "]");
+        TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+                    cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * dim_ && sin.numel() == T * dim_,
+                    "cos and sin must be contiguous float32 [T, 1, head_dim]");
+        for (const torch::Tensor* pages : {&k_pages, &v_pages})
+            TORCH_CHECK(pages->scalar_type() == torch::kBFloat16 && pages->is_contiguous() && pages->dim() == 4 &&
+                        pages->size(0) >= static_cast<int64_t>(layers_.size()) && pages->size(2) == kv_heads_ &&
+                        pages->size(3) == dim_,
+                        "pages must be contiguous bfloat16 [layers, slots, kv heads, head_dim]");
+        TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+                    slot_mapping.numel() == T, "slot_mapping must be int64 [T]");
+        TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
+                    block_tables.scalar_type() == torch::kInt32, "metadata must be int32");
+    }
+
+    int64_t hidden_, heads_, kv_heads_, dim_, intermediate_;
+    float eps_;
+    std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+void register_decoder(pybind11::module& m) {
+    namespace py = pybind11;
+    py::class_<DecoderLayers>(m, "DecoderLayers", "every decoder layer of a bfloat16 Llama-family model in one call")
+        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
+             py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+        .def("add_layer", &DecoderLayers::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("qkv_bias"),
+             py::arg("q_norm"), py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"),
+             py::arg("down"))
+        .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>(),
+             "h [T, hidden] -> h after every layer, the step's K/V stored into the pages");
+}

@@ -1,0 +1,56 @@
+// The kernels' entry points on raw pointers: what both the Python-facing functions and the
+// whole-forward loop (decoder.cpp) call, so the two paths run the same arithmetic and round at the
+// same points. Each parallelises itself with at::parallel_for and computes every row alone.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace tailrace {
+
+// bf16_linear.cpp: y [rows][n] = x [rows][k] @ W.T (+ bias), W packed as [vectors][k / 2][32],
+// bias float32 [vectors * 16] or nullptr.
+void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
+                 c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
+
+// elementwise.cpp, instantiated for float and c10::BFloat16.
+// RMSNorm of `rows` rows of x (`stride` apart) into contiguous out.
+template <typename T>
+void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps);
+// Rotary embedding of x [rows][heads][dim] (rows `row_stride` apart) into contiguous out, cos/sin [rows][dim].
+template <typename T>
+void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* sin, T* out, int64_t rows,
+                 int64_t heads, int64_t dim);
+// silu(gate) * up of x [rows][gate | up] into out [rows][width].
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
+
+// paged_attention.cpp
+template <typename T>
+struct PagedAttention {
+    const T* q;  // [rows][heads][dim], rows q_stride apart
+    int64_t q_stride;
+    const T* k;  // [page rows][kv heads][dim]
+    const T* v;
+    T* out;      // [rows][heads][dim]
+    const int32_t* tables;  // block b of sequence s at tables[s * table_seq_stride + b * table_block_stride]
+    int64_t table_seq_stride, table_block_stride, block_size;
+    int64_t heads, kv_heads, dim;
+    float scale;
+};
+
+// Per query row: its sequence (-1: in none) and the last position it sees.
+struct QueryRows {
+    std::vector<int64_t> seq, last;
+};
+
+// From query_start_loc [num_seqs + 1] and seq_lens [num_seqs]; fails on inconsistent metadata.
+QueryRows query_rows(const int32_t* query_start_loc, const int32_t* seq_lens, int64_t num_seqs, int64_t rows);
+
+// Causal attention of every query row; rows in no sequence are written as zeros.
+template <typename T>
+void paged_attention(const PagedAttention<T>& p, const QueryRows& rows);
+
+}  // namespace tailrace

@@ -1,0 +1,112 @@
+"""Every decoder layer in one kernel call (cpu_ops.FusedLayers, csrc/decoder.cpp) against the
+per-module path it replaces: the same bits, hidden states and stored K/V, for prefills, decode
+rows and mixed batches, and the cases where it must not run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrace.model import bf16_linear, cpu_ops
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.config import parse_model_config
+from tailrace.model.llama import LlamaForCausalLM
+from tailrace.model.paged_attention import PagedKVCache
+
+pytestmark = pytest.mark.skipif(not bf16_linear.available(), reason="no AVX512-BF16 or no tailrace CPU kernels here")
+
+BLOCK_SIZE, NUM_BLOCKS = 16, 24
+CPU = torch.device("cpu")
+
+# (sequence, tokens already cached, new tokens) per step: prefills of several sequences, their
+# decode rows, then chunks after cached tokens batched with decode rows.
+STEPS = [
+    [(0, 0, 20), (1, 0, 35), (2, 0, 7)],
+    [(0, 20, 1), (1, 35, 1), (2, 7, 1)],
+    [(0, 21, 1), (3, 0, 18), (1, 36, 1), (2, 8, 9)],
+    [(3, 18, 5), (0, 22, 1), (2, 17, 1)],
+]
+
+
+def random_model(model_type: str, seed: int = 0) -> LlamaForCausalLM:
+    """A 3-layer bfloat16 model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
+    weights, its norms and biases away from 1 and 0, prepared as the engine prepares it."""
+    config = parse_model_config({
+        "model_type": model_type, "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+    })
+    model = LlamaForCausalLM(config, torch.bfloat16)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.rand(param.shape, generator=g) + 0.5)
+            elif name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=g) * 0.1)
+            else:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.06)
+    return cpu_ops.prepare(model, CPU, None)
+
+
+def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
+    c = model.config
+    return PagedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE,
+                        torch.bfloat16, max_seqs=8)
+
+
+def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The hidden states of one flat batch; sequence s owns every 4th block from s, so no table
+    is in physical order, and token ids follow from the sequence and position."""
+    seqs, slots, ids, positions = [], [], [], []
+    for seq, past, new in step:
+        table = list(range(seq, NUM_BLOCKS, 4))
+        seqs.append(SeqSlice(seq, len(ids), new, past + new, table))
+        for pos in range(past, past + new):
+            slots.append(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+            ids.append((37 * seq + 11 * pos) % model.config.vocab_size)
+            positions.append(pos)
+    batch = AttentionBatch(seqs, torch.tensor(slots))
+    cache.begin(batch)
+    return model(torch.tensor(ids), torch.tensor(positions), batch, cache)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type):
+    model = random_model(model_type)
+    fused = model.model.fused_layers
+    assert isinstance(fused, cpu_ops.FusedLayers)
+    fused_cache, module_cache = new_cache(model), new_cache(model)
+    for step in STEPS:
+        got = run_step(model, fused_cache, step)
+        model.model.fused_layers = None
+        expected = run_step(model, module_cache, step)
+        model.model.fused_layers = fused
+        assert torch.equal(got, expected)
+        assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
+
+
+def test_a_decode_row_has_the_same_bits_alone_and_in_a_mixed_batch():
+    model = random_model("llama")
+    together, alone = new_cache(model), new_cache(model)
+    for step in STEPS[:2]:
+        run_step(model, together, step)
+        run_step(model, alone, step)
+    mixed = run_step(model, together, STEPS[2])
+    row = run_step(model, alone, [STEPS[2][2]])
+    assert torch.equal(mixed[19:20], row)  # sequence 1's row follows sequence 0's and 3's 1 + 18
+
+
+def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
+    model = random_model("llama")
+    c = model.config
+    slab = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16)
+    assert not cpu_ops.FusedLayers.takes(slab) and cpu_ops.FusedLayers.takes(new_cache(model))
+
+
+def test_only_a_bfloat16_model_on_packed_projections_is_fused():
+    config = random_model("llama").config
+    float32 = cpu_ops.prepare(LlamaForCausalLM(config, torch.float32), CPU, None)
+    assert float32.model.fused_layers is None
+    quantized = cpu_ops.prepare(LlamaForCausalLM(config, torch.bfloat16), CPU, "int8")  # projections left unpacked
+    assert quantized.model.fused_layers is None
