@@ -3,6 +3,10 @@ float32 reference, and the batch invariance the engine's exactness rests on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,6 +84,23 @@ def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(batched, alone)
+
+
+@needs_kernel
+def test_the_avx512_loop_and_amx_tiles_agree_and_each_keeps_rows_apart(tmp_path):
+    """Where the CPU has AMX the kernel runs on its tiles (bf16_amx.cpp), a process-wide choice;
+    TAILRACE_CPU_AMX=0 keeps the AVX512-BF16 loop. A child process runs the loop here."""
+    weight, bias = random_linear(100, 576, True, seed=1)
+    x = torch.randn(37, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
+    torch.save((weight, bias, x), tmp_path / "in.pt")
+    child = ("import sys, torch; from tailrace.model.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
+             "f = Bf16Linear(w, b); torch.save((f(x), torch.cat([f(x[i:i + 1]) for i in range(len(x))])), sys.argv[2])")
+    subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "TAILRACE_CPU_AMX": "0"}, check=True)
+    looped, looped_alone = torch.load(tmp_path / "out.pt")
+    assert torch.equal(looped, looped_alone)
+    here = Bf16Linear(weight, bias)(x)
+    torch.testing.assert_close(here.float(), looped.float(), rtol=2**-7, atol=1e-2)
 
 
 @needs_kernel

@@ -1,6 +1,7 @@
 """tailrace's own CPU kernels (csrc/), compiled once per environment and loaded on first use.
 
-- `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16), see bf16_linear.py.
+- `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16, or AMX tiles where
+  the CPU has them: bf16_amx.cpp), see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
 - `int_linear`: int8 and int4 projections over integer codes and float16 scales (AVX512-VNNI),
   see int_linear.py.
@@ -31,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
-                         "decoder.cpp")]
-_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni"]
+                         "decoder.cpp", "bf16_amx.cpp")]
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
+          "-mamx-bf16"]
 
 
 def has_bf16_dot() -> bool:

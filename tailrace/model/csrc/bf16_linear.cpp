@@ -136,7 +136,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 
 void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                            c10::BFloat16* y, int64_t rows, int64_t k, int64_t n) {
-    if (rows == 0)
+    if (rows == 0 || bf16_linear_amx(x, packed, vectors, bias, y, rows, k, n))
         return;
     const Problem p{reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(packed), bias,
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
