@@ -8,7 +8,8 @@ CPython's standard library only). For each prompt, float32 writes a greedy conti
 (teacher forcing), and we report, over all continuation positions: the mean absolute
 difference of the continuation token's logprob against float32, and greedy agreement (the
 share of positions where the format's argmax is float32's token). Formats: bfloat16 compute,
-and int8 / int4 weight-only quantization on float32 compute, each prepared as the engine does.
+and int8 / int4 weight-only quantization on float32 and on bfloat16 compute, each prepared as the
+engine does.
 Prints a table, writes JSON.
 """
 
@@ -29,7 +30,8 @@ from tailrace.model.attention import AttentionBatch, SeqSlice
 from tailrace.tokenizer import load_tokenizer
 
 FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
-           "int8": ("float32", "int8"), "int4": ("float32", "int4")}
+           "int8": ("float32", "int8"), "int4": ("float32", "int4"),
+           "int8 bfloat16": ("bfloat16", "int8"), "int4 bfloat16": ("bfloat16", "int4")}
 
 
 def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:

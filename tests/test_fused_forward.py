@@ -7,13 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tailrace.model import bf16_linear, cpu_ops
+from tailrace.model import bf16_linear, cpu_ops, int_linear
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.config import parse_model_config
 from tailrace.model.llama import LlamaForCausalLM
 from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.quant import quantize_model
 
 pytestmark = pytest.mark.skipif(not bf16_linear.available(), reason="no AVX512-BF16 or no tailrace CPU kernels here")
+
+needs_int_kernel = pytest.mark.skipif(not int_linear.available(), reason="no AVX512-VNNI here")
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 24
 CPU = torch.device("cpu")
@@ -28,9 +31,9 @@ STEPS = [
 ]
 
 
-def random_model(model_type: str, seed: int = 0) -> LlamaForCausalLM:
+def random_model(model_type: str, seed: int = 0, quantization: str | None = None) -> LlamaForCausalLM:
     """A 3-layer bfloat16 model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
-    weights, its norms and biases away from 1 and 0, prepared as the engine prepares it."""
+    weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does."""
     config = parse_model_config({
         "model_type": model_type, "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
@@ -46,7 +49,9 @@ def random_model(model_type: str, seed: int = 0) -> LlamaForCausalLM:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.1)
             else:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.06)
-    return cpu_ops.prepare(model, CPU, None)
+    if quantization is not None:
+        quantize_model(model, quantization)
+    return cpu_ops.prepare(model, CPU, quantization)
 
 
 def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
@@ -71,9 +76,12 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     return model(torch.tensor(ids), torch.tensor(positions), batch, cache)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
-def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type):
-    model = random_model(model_type)
+@pytest.mark.parametrize("model_type, quantization", [
+    ("llama", None), ("qwen2", None), ("qwen3", None),
+    pytest.param("llama", "int8", marks=needs_int_kernel), pytest.param("qwen2", "int4", marks=needs_int_kernel),
+])
+def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization):
+    model = random_model(model_type, quantization=quantization)
     fused = model.model.fused_layers
     assert isinstance(fused, cpu_ops.FusedLayers)
     fused_cache, module_cache = new_cache(model), new_cache(model)
@@ -104,7 +112,7 @@ def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
     assert not cpu_ops.FusedLayers.takes(slab) and cpu_ops.FusedLayers.takes(new_cache(model))
 
 
-def test_only_a_bfloat16_model_on_packed_projections_is_fused():
+def test_only_a_bfloat16_model_on_kernel_projections_is_fused():
     config = random_model("llama").config
     float32 = cpu_ops.prepare(LlamaForCausalLM(config, torch.float32), CPU, None)
     assert float32.model.fused_layers is None

@@ -118,7 +118,6 @@ def test_auto_dtype_is_bfloat16_on_cuda_and_the_checkpoints_16_bits_on_a_cpu_tha
         assert resolve_dtype("auto", "cpu", "float32") == torch.float32
         assert resolve_dtype("auto", "cpu", "bfloat16") == (torch.bfloat16 if native else torch.float32)
         assert resolve_dtype("auto", "cpu", "float16") == (torch.bfloat16 if native else torch.float32)
-        assert resolve_dtype("auto", "cpu", "bfloat16", quantization="int8") == torch.float32
         assert resolve_dtype("float32", "cpu", "bfloat16") == torch.float32
 
 

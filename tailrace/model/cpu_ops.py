@@ -22,6 +22,7 @@ from tailrace.model.attention import AttentionBatch, KVCache
 from tailrace.model.bf16_linear import Bf16Linear
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
+from tailrace.model.int_linear import IntLinear
 from tailrace.model.llama import (MLP, Attention, DecoderLayer, LlamaForCausalLM, Module, RMSNorm,
                                   replace_modules)
 from tailrace.model.paged_attention import PagedKVCache
@@ -70,11 +71,11 @@ class FusedLayers:
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self._layers.add_layer(
-                input_norm=layer.input_layernorm.weight, qkv=attn.qkv_proj.packed, qkv_bias=attn.qkv_proj.bias,
+                input_norm=layer.input_layernorm.weight, qkv=_buffers(attn.qkv_proj),
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight,
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-                o=attn.o_proj.packed, post_norm=layer.post_attention_layernorm.weight,
-                gate_up=mlp.gate_up_proj.packed, down=mlp.down_proj.packed)
+                o=_buffers(attn.o_proj), post_norm=layer.post_attention_layernorm.weight,
+                gate_up=_buffers(mlp.gate_up_proj), down=_buffers(mlp.down_proj))
 
     @staticmethod
     def takes(cache: KVCache | PagedKVCache) -> bool:
@@ -88,9 +89,16 @@ class FusedLayers:
                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale)
 
 
+def _buffers(projection: Bf16Linear | IntLinear) -> list[torch.Tensor | None]:
+    """A projection's weights as DecoderLayers.add_layer takes them."""
+    if isinstance(projection, Bf16Linear):
+        return [projection.packed, projection.bias]
+    return [projection.codes, projection.scales, projection.zeros, projection.bias]
+
+
 def fusable(model: LlamaForCausalLM) -> bool:
-    """bfloat16, and every layer on the kernels FusedLayers calls: packed projections (a bias on
-    qkv only), kernel norms at the config's eps, the rotary and SiLU-and-multiply kernels."""
+    """bfloat16, and every layer on the kernels FusedLayers calls: packed or integer projections (a
+    bias on qkv only), kernel norms at the config's eps, the rotary and SiLU-and-multiply kernels."""
     return model.dtype == torch.bfloat16 and all(_fusable_layer(layer, model.config.rms_norm_eps)
                                                  for layer in model.model.layers)
 
@@ -101,7 +109,7 @@ def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if attn.q_norm is not None:
         norms += [attn.q_norm, attn.k_norm]
-    return (all(type(p) is Bf16Linear for p in projections) and all(p.bias is None for p in projections[1:])
+    return (all(type(p) in (Bf16Linear, IntLinear) for p in projections) and all(p.bias is None for p in projections[1:])
             and all(type(n) is KernelRMSNorm and n.eps == eps for n in norms)
             and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
 

@@ -45,7 +45,7 @@ def load_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
-    torch_dtype = resolve_dtype(dtype, device, config.torch_dtype, quantization)
+    torch_dtype = resolve_dtype(dtype, device, config.torch_dtype)
     if shard is not None:
         check_shardable(config, shard.size)
     with torch.device(device):
@@ -70,16 +70,16 @@ def load_model(
     return model.eval(), config
 
 
-def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32", quantization: str | None = None) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32") -> torch.dtype:
     """"auto" is bfloat16 on CUDA. On CPU it is bfloat16 for a checkpoint stored in 16 bits (as
-    released models are) when the CPU computes bfloat16 natively and the weights are not quantized
-    (int8 / int4 run on float32 activations): there it halves the bytes every decode step streams
-    and is as exact as float32 (model.attention). Otherwise float32, so a float32 checkpoint (the
-    embedded model's) keeps its own precision."""
+    released models are) when the CPU computes bfloat16 natively: there it halves the bytes every
+    decode step streams and is as exact as float32 (model.attention); with int8 / int4 weights it
+    costs about what bfloat16 weights do (bench/quality.py) and lets the whole forward run in one
+    call. Otherwise float32, so a float32 checkpoint (the embedded model's) keeps its own precision."""
     if dtype == "auto":
         if torch.device(device).type == "cuda":
             return torch.bfloat16
-        if checkpoint_dtype in ("bfloat16", "float16") and quantization is None and native_cpu_bfloat16():
+        if checkpoint_dtype in ("bfloat16", "float16") and native_cpu_bfloat16():
             return torch.bfloat16
         return torch.float32
     if dtype not in DTYPES:

@@ -39,12 +39,22 @@ void add(const BF16* a, const BF16* b, BF16* out, int64_t n) {
     });
 }
 
+// A projection as its kernel holds it: bfloat16 weights packed for bf16_linear, or integer codes
+// for int_linear (Bf16Linear's or IntLinear's buffers).
+struct Projection {
+    torch::Tensor packed;  // bfloat16 [vectors, K / 2, 32], or undefined
+    tailrace::IntWeights codes;
+    std::vector<torch::Tensor> keep;  // the IntLinear's buffers `codes` points into
+    torch::Tensor bias;    // float32, padded to whole vectors, or undefined
+};
+
 struct Layer {
     torch::Tensor input_norm, post_norm;  // [hidden]
     torch::Tensor q_norm, k_norm;         // [head_dim], or undefined for models without q/k norms
-    torch::Tensor qkv, o, gate_up, down;  // packed as bf16_linear takes them: [vectors, K / 2, 32]
-    torch::Tensor qkv_bias;               // float32, padded to whole vectors, or undefined
+    Projection qkv, o, gate_up, down;
 };
+
+using Buffers = std::vector<c10::optional<torch::Tensor>>;
 
 const BF16* bf16(const torch::Tensor& t) { return t.data_ptr<BF16>(); }
 
@@ -57,10 +67,10 @@ public:
         TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
     }
 
-    void add_layer(const torch::Tensor& input_norm, const torch::Tensor& qkv,
-                   const c10::optional<torch::Tensor>& qkv_bias, const c10::optional<torch::Tensor>& q_norm,
-                   const c10::optional<torch::Tensor>& k_norm, const torch::Tensor& o,
-                   const torch::Tensor& post_norm, const torch::Tensor& gate_up, const torch::Tensor& down) {
+    // Each projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), None where absent.
+    void add_layer(const torch::Tensor& input_norm, const Buffers& qkv, const c10::optional<torch::Tensor>& q_norm,
+                   const c10::optional<torch::Tensor>& k_norm, const Buffers& o, const torch::Tensor& post_norm,
+                   const Buffers& gate_up, const Buffers& down) {
         check_norm(input_norm, hidden_);
         check_norm(post_norm, hidden_);
         TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
@@ -68,16 +78,11 @@ public:
             check_norm(*q_norm, dim_);
             check_norm(*k_norm, dim_);
         }
-        check_packed(qkv, hidden_, qkv_width());
-        check_packed(o, heads_ * dim_, hidden_);
-        check_packed(gate_up, hidden_, 2 * intermediate_);
-        check_packed(down, intermediate_, hidden_);
-        if (qkv_bias)
-            TORCH_CHECK(qkv_bias->scalar_type() == torch::kFloat32 && qkv_bias->is_contiguous() &&
-                        qkv_bias->numel() == qkv.size(0) * kLanes,
-                        "the qkv bias must be float32, padded to whole vectors");
         layers_.push_back({input_norm, post_norm, q_norm.value_or(torch::Tensor()), k_norm.value_or(torch::Tensor()),
-                           qkv, o, gate_up, down, qkv_bias.value_or(torch::Tensor())});
+                           projection(qkv, hidden_, qkv_width()), projection(o, heads_ * dim_, hidden_),
+                           projection(gate_up, hidden_, 2 * intermediate_), projection(down, intermediate_, hidden_)});
+        TORCH_CHECK(!layers_.back().o.bias.defined() && !layers_.back().gate_up.bias.defined() &&
+                    !layers_.back().down.bias.defined(), "only qkv_proj may have a bias");
     }
 
     // h [T, hidden] -> h after every layer. cos/sin [T, 1, head_dim] float32; k/v pages
@@ -128,7 +133,7 @@ private:
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_, kv_width = kv_heads_ * dim_;
         BF16* h = s.h.data_ptr<BF16>();
         tailrace::rms_norm_rows(h, bf16(w.input_norm), s.x.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
-        linear(w.qkv, w.qkv_bias, s.x, s.qkv);
+        linear(w.qkv, s.x, s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
         const BF16* qk = bf16(s.qkv);
         int64_t qk_stride = qkv_width();
@@ -156,7 +161,7 @@ private:
             bf16(s.rotated), qk_heads * dim_, k_layer, v_layer, s.attended.data_ptr<BF16>(), s.tables,
             s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale};
         tailrace::paged_attention(problem, s.rows);
-        linear(w.o, torch::Tensor(), s.attended, s.y);
+        linear(w.o, s.attended, s.y);
         add(h, bf16(s.y), h, T * hidden_);
     }
 
@@ -164,17 +169,40 @@ private:
     void feed_forward(const Layer& w, Step& s) const {
         BF16* h = s.h.data_ptr<BF16>();
         tailrace::rms_norm_rows(h, bf16(w.post_norm), s.x.data_ptr<BF16>(), s.T, hidden_, hidden_, eps_);
-        linear(w.gate_up, torch::Tensor(), s.x, s.gate_up);
+        linear(w.gate_up, s.x, s.gate_up);
         tailrace::silu_mul_rows(bf16(s.gate_up), s.act.data_ptr<BF16>(), s.T, intermediate_);
-        linear(w.down, torch::Tensor(), s.act, s.y);
+        linear(w.down, s.act, s.y);
         add(h, bf16(s.y), h, s.T * hidden_);
     }
 
-    // y [T, n] = x [T, K] through weights packed for bf16_linear
-    static void linear(const torch::Tensor& packed, const torch::Tensor& bias, const torch::Tensor& x,
-                       torch::Tensor& y) {
-        tailrace::bf16_linear(bf16(x), bf16(packed), packed.size(0), bias.defined() ? bias.data_ptr<float>() : nullptr,
-                              y.data_ptr<BF16>(), x.size(0), x.size(1), y.size(1));
+    // y [T, n] = x [T, K] through the projection's kernel
+    static void linear(const Projection& p, const torch::Tensor& x, torch::Tensor& y) {
+        if (p.packed.defined())
+            tailrace::bf16_linear(bf16(x), bf16(p.packed), p.packed.size(0),
+                                  p.bias.defined() ? p.bias.data_ptr<float>() : nullptr, y.data_ptr<BF16>(), x.size(0),
+                                  x.size(1), y.size(1));
+        else
+            tailrace::int_linear(bf16(x), x.size(0), x.size(1), p.codes, y.data_ptr<BF16>());
+    }
+
+    static torch::Tensor defined(const c10::optional<torch::Tensor>& t) { return t.value_or(torch::Tensor()); }
+
+    static Projection projection(const Buffers& buffers, int64_t in, int64_t out) {
+        if (buffers.size() == 2) {
+            const torch::Tensor packed = defined(buffers[0]), bias = defined(buffers[1]);
+            check_packed(packed, in, out);
+            TORCH_CHECK(!bias.defined() || (bias.scalar_type() == torch::kFloat32 && bias.is_contiguous() &&
+                                            bias.numel() == packed.size(0) * kLanes),
+                        "a bias must be float32, padded to whole vectors");
+            return {packed, {}, {}, bias};
+        }
+        TORCH_CHECK(buffers.size() == 4 && buffers[0] && buffers[1],
+                    "a projection is [packed, bias] or [codes, scales, zeros, bias]");
+        const torch::Tensor codes = *buffers[0], scales = *buffers[1], zeros = defined(buffers[2]);
+        const torch::Tensor bias = defined(buffers[3]);
+        // int_weights checks the codes against the input width and the outputs
+        return {torch::Tensor(), tailrace::int_weights(codes, scales, zeros, bias, in, out), {codes, scales, zeros, bias},
+                bias};
     }
 
     static void check_norm(const torch::Tensor& weight, int64_t width) {
@@ -222,9 +250,8 @@ void register_decoder(pybind11::module& m) {
     py::class_<DecoderLayers>(m, "DecoderLayers", "every decoder layer of a bfloat16 Llama-family model in one call")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
              py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-        .def("add_layer", &DecoderLayers::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("qkv_bias"),
-             py::arg("q_norm"), py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"),
-             py::arg("down"))
+        .def("add_layer", &DecoderLayers::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
+             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"))
         .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>(),
              "h [T, hidden] -> h after every layer, the step's K/V stored into the pages");
 }

@@ -28,6 +28,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
 #include "vec.h"
 
 namespace {
@@ -212,11 +213,45 @@ void run_bits(const Problem& p, T* y) {
         run<Bits, Scales::Grouped>(p, y);
 }
 
+// Quantizes the rows, then runs the kernel form the weights take.
+template <typename T>
+void int_linear_rows(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y) {
+    if (M == 0)
+        return;
+    const int64_t KB = K / kBlock;
+    std::vector<int16_t> codes(M * K);
+    std::vector<float> scale(M * KB), sum(M * KB);
+    quantize_rows(x, M, K, codes.data(), scale.data(), sum.data());
+    const Problem p{{codes.data(), scale.data(), sum.data()}, w.codes, w.d, w.z, w.bias, M, K, w.n, KB, w.vectors,
+                    w.groups};
+    if (w.bits == 8)
+        run_bits<8>(p, y);
+    else
+        run_bits<4>(p, y);
+}
+
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& d,
                      const c10::optional<torch::Tensor>& z, const c10::optional<torch::Tensor>& bias, int64_t n) {
+    const int64_t K = x.size(-1);
+    const tailrace::IntWeights w = tailrace::int_weights(codes, d, z ? *z : torch::Tensor(),
+                                                         bias ? *bias : torch::Tensor(), K, n);
+    const torch::Tensor rows = x.reshape({-1, K}).contiguous();
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    torch::Tensor y = torch::empty(shape, x.options());
+    tailrace::with_element_type(x.scalar_type(), "int_linear", [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        int_linear_rows(rows.data_ptr<T>(), rows.size(0), K, w, y.data_ptr<T>());
+    });
+    return y;
+}
+
+}  // namespace
+
+tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& z,
+                                           const torch::Tensor& bias, int64_t K, int64_t n) {
     const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
     TORCH_CHECK(bits == 8 || codes.scalar_type() == torch::kByte, "int_linear codes are int8 or uint8 (4-bit pairs)");
-    const int64_t K = x.size(-1);
     TORCH_CHECK(K % kBlock == 0, "int_linear takes inputs in blocks of ", kBlock, ", not ", K);
     TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 32 && codes.is_contiguous() && codes.size(0) % kVectors == 0,
                 "codes must be [NV, K / (16 / bits), 32] with NV a multiple of ", kVectors);
@@ -225,36 +260,19 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const t
     TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 3 && d.size(0) == NV && d.size(2) == kLanes &&
                     d.is_contiguous() && (G == 1 || G == K / kBlock),
                 "scales must be float16 [NV, 1 or K / 32, 16]");
-    TORCH_CHECK(!z || (G == K / kBlock && z->sizes() == d.sizes() && z->scalar_type() == torch::kHalf && z->is_contiguous()),
+    TORCH_CHECK(!z.defined() || (G == K / kBlock && z.sizes() == d.sizes() && z.scalar_type() == torch::kHalf &&
+                                 z.is_contiguous()),
                 "zero points go with grouped scales, in their shape and type");
     TORCH_CHECK(n <= NV * kLanes, "more outputs than the codes hold");
-    TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() >= n), "bias must be float32");
-    const torch::Tensor rows = x.reshape({-1, K}).contiguous();
-    const int64_t M = rows.size(0), KB = K / kBlock;
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = n;
-    torch::Tensor y = torch::empty(shape, x.options());
-    if (M == 0)
-        return y;
-    torch::Tensor xcodes = torch::empty({M, K}, x.options().dtype(torch::kShort));
-    torch::Tensor xfloats = torch::empty({2, M, KB}, x.options().dtype(torch::kFloat));
-    Problem p{{xcodes.data_ptr<int16_t>(), xfloats[0].data_ptr<float>(), xfloats[1].data_ptr<float>()},
-              static_cast<const uint8_t*>(codes.data_ptr()),
-              d.data_ptr<at::Half>(), z ? z->data_ptr<at::Half>() : nullptr,
-              bias ? bias->data_ptr<float>() : nullptr, M, K, n, KB, NV, G};
-    tailrace::with_element_type(x.scalar_type(), "int_linear", [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        quantize_rows(rows.data_ptr<T>(), M, K, xcodes.data_ptr<int16_t>(), xfloats[0].data_ptr<float>(),
-                      xfloats[1].data_ptr<float>());
-        if (bits == 8)
-            run_bits<8>(p, y.data_ptr<T>());
-        else
-            run_bits<4>(p, y.data_ptr<T>());
-    });
-    return y;
+    TORCH_CHECK(!bias.defined() || (bias.scalar_type() == torch::kFloat && bias.numel() >= n), "bias must be float32");
+    return {static_cast<const uint8_t*>(codes.data_ptr()), bits, d.data_ptr<at::Half>(),
+            z.defined() ? z.data_ptr<at::Half>() : nullptr, bias.defined() ? bias.data_ptr<float>() : nullptr, NV, G,
+            n};
 }
 
-}  // namespace
+void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y) {
+    int_linear_rows(x, rows, k, w, y);
+}
 
 void register_int_linear(pybind11::module& m) {
     m.def("int_linear", &linear,

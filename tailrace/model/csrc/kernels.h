@@ -3,7 +3,9 @@
 // same points. Each parallelises itself with at::parallel_for and computes every row alone.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <vector>
@@ -18,6 +20,21 @@ void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t ve
 // no AMX, the OS refused the tile state, TAILRACE_CPU_AMX=0, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                      c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
+
+// int_linear.cpp: integer codes with float16 scales (see there for the layouts).
+struct IntWeights {
+    const uint8_t* codes;  // int8 [vectors][k / 2][32], or 4-bit pairs [vectors][k / 4][32]
+    int bits;              // 8 or 4
+    const at::Half* d;     // [vectors][groups][16]
+    const at::Half* z;     // like d, or nullptr
+    const float* bias;     // [n] or nullptr
+    int64_t vectors, groups, n;
+};
+// The weights of a packed IntLinear's tensors (z, bias undefined for none), checked against k and n.
+IntWeights int_weights(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& z, const at::Tensor& bias,
+                       int64_t k, int64_t n);
+// y [rows][n] = x [rows][k] @ W.T (+ bias).
+void int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y);
 
 // elementwise.cpp, instantiated for float and c10::BFloat16.
 // RMSNorm of `rows` rows of x (`stride` apart) into contiguous out.
