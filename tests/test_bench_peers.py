@@ -124,6 +124,9 @@ def test_llamacpp_serves_the_cached_gguf_with_a_slot_per_sequence(tmp_path: Path
     assert flag(server.command, "-np") == "32" and flag(server.command, "-c") == str(32 * 512)
     assert flag(server.command, "-t") == "2" and "--jinja" in server.command
     assert server.model == gguf.stem == flag(server.command, "--alias")
+    assert server.command[-1] == gguf.stem  # no flags of our own choosing past these
+    more = llamacpp.launch(tmp_path, settings(threads=2, llamacpp_args=["--no-repack"]))
+    assert more.command == [*server.command, "--no-repack"]
 
 
 def test_llamacpp_quantizes_from_the_converted_gguf_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

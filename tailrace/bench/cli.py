@@ -98,6 +98,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--ours-args", type=shlex.split, default=[],
                          help="more `tailrace serve` flags, e.g. '--quantization int8' "
                               "(a flag alone: --ours-args=--FLAG)")
+    compare.add_argument("--llamacpp-args", type=shlex.split, default=[],
+                         help="more llama-server flags, e.g. --llamacpp-args=--no-repack where its weight "
+                              "repacking crashes on this CPU")
     compare.add_argument("--threads", type=int, default=None,
                          help="compute threads of each server (default: each one's best: all cores for "
                               "llama.cpp and transformers, vLLM's auto binding, tailrace's measured choice)")
@@ -160,7 +163,8 @@ def _compare(args: argparse.Namespace) -> int:
     peers = list(dict.fromkeys(args.peers or ["transformers"]))  # each once, in the order given
     config = CompareConfig(load=_load_config(args, endpoint=args.endpoint), peers=peers, model_dir=args.model,
                            shape=args.shape, threads=args.threads, dtype=args.dtype, peer_quant=args.peer_quant,
-                           ours_args=args.ours_args, peers_dir=args.peers_dir or PEERS_DIR)
+                           ours_args=args.ours_args, llamacpp_args=args.llamacpp_args,
+                           peers_dir=args.peers_dir or PEERS_DIR)
     meta, runs = run_compare(config)
     model = args.shape or Path(args.model or "embedded").name
     _save(args, meta, runs, f"{model}: tailrace vs {', '.join(peers)}, {args.input_len} in / {args.output_len} out")

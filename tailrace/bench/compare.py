@@ -47,6 +47,7 @@ class CompareConfig:
     dtype: str = "float32"
     peer_quant: str | None = None  # llama.cpp's weights: Q8_0 or Q4_0
     ours_args: list[str] = field(default_factory=list)  # more `tailrace serve` flags
+    llamacpp_args: list[str] = field(default_factory=list)  # more llama-server flags
     peers_dir: Path = PEERS_DIR
     ready_timeout_s: float = 900.0
 
@@ -104,7 +105,7 @@ def peer_settings(config: CompareConfig, model_dir: str) -> PeerSettings:
     return PeerSettings(model_dir=model_dir, port=free_port(), threads=config.server_threads,
                         kv_cache_gb=EngineConfig().kv_cache_memory_gb, max_num_seqs=max(config.load.concurrency),
                         max_model_len=config.load.input_len + config.load.output_len + CONTEXT_SPARE,
-                        dtype=config.dtype, quant=config.peer_quant)
+                        dtype=config.dtype, quant=config.peer_quant, llamacpp_args=config.llamacpp_args)
 
 
 def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[LevelResult]]]:
@@ -133,6 +134,7 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
     meta = {"config": {**asdict(config.load), "api_key": None, "base_url": None, "model": None},
             "model_dir": config.model_dir, "shape": config.shape, "threads": config.server_threads,
             "dtype": config.dtype, "peer_quant": config.peer_quant, "ours_args": config.ours_args,
+            "llamacpp_args": config.llamacpp_args,
             "servers": servers, "tokens_per_word": cells.levels[0].tokens_per_word if cells else None,
             "calibrated": cells.levels[0].calibrated if cells else False,
             "cell_seeds": [cell_seed(config.load.seed, i + 1) for i in range(len(config.load.concurrency))]}

@@ -25,6 +25,7 @@ class PeerSettings:
     max_model_len: int  # tokens of one sequence: prompt and answer, with room to spare
     dtype: str = "float32"  # weights and activations: float32 or bfloat16
     quant: str | None = None  # llama.cpp only: Q8_0 or Q4_0; None serves the weights at `dtype`
+    llamacpp_args: list[str] = field(default_factory=list)  # llama.cpp only: more llama-server flags
 
 
 @dataclass(slots=True)

@@ -95,5 +95,5 @@ def launch(directory: Path, settings: PeerSettings) -> PeerServer:
     command = [str(binary(directory, "llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
                "--port", str(settings.port), "-np", str(settings.max_num_seqs),
                "-c", str(settings.max_num_seqs * settings.max_model_len), "-t", str(settings.threads),
-               "--jinja", "--alias", gguf.stem]
+               "--jinja", "--alias", gguf.stem, *settings.llamacpp_args]
     return PeerServer(command, offline_env(), model=gguf.stem)
