@@ -77,7 +77,7 @@ needs_kernels = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU ker
 @needs_kernels
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("group", [1, 3, 4, 11])  # 11: a group of 8 query heads, then one of 3
 def test_cpu_kernel_matches_naive_attention_on_a_mixed_batch(group, block_size, dtype, tolerance):
     """Block sizes that hold whole runs of 16 positions and one that does not (a table look-up per
     position); padding sequences with no rows; rows past every sequence stay zero."""
