@@ -22,22 +22,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from decode_step import forward_step, load_as_engine  # bench/ is on sys.path when a script here runs
+from decode_step import forward_step, load_as_engine, new_cache  # bench/ is on sys.path when a script here runs
 from offline import random_prompts
 
 from tailrace import LLM, SamplingParams
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model.attention import KVCache
 
 
-def bare_loop(model_dir: str, prompts: list[list[int]], output_len: int, batch: int) -> float:
-    """Output tokens/s of prefill + greedy decode, `batch` sequences at a time, nothing else."""
-    model, config = load_as_engine(model_dir)
+def bare_loop(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int, batch: int) -> float:
+    """Output tokens/s of prefill + greedy decode, `batch` sequences at a time, nothing else, on the
+    model and the kind of KV cache the engine would use."""
+    model, config = load_as_engine(model_dir, dtype)
     block = 16
     per_seq = -(-(len(prompts[0]) + output_len) // block)
-    cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, per_seq * batch, block,
-                    torch.float32, max_seqs=batch, max_model_len=len(prompts[0]) + output_len)
+    cache = new_cache(config, per_seq * batch, block, model.dtype, batch, len(prompts[0]) + output_len)
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
@@ -55,8 +54,8 @@ def bare_loop(model_dir: str, prompts: list[list[int]], output_len: int, batch: 
     return len(prompts) * output_len / (time.perf_counter() - start)
 
 
-def offline(model_dir: str, prompts: list[list[int]], output_len: int, batch: int) -> float:
-    llm = LLM(model_dir, max_num_seqs=batch, max_num_batched_tokens=4096)
+def offline(model_dir: str, dtype: str, prompts: list[list[int]], output_len: int, batch: int) -> float:
+    llm = LLM(model_dir, dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=4096)
     llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
     start = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True))
@@ -67,7 +66,7 @@ def served(model_dir: str, args: argparse.Namespace) -> dict:
     """`tailrace bench serve` in its own process (as a user runs it) against a server started here."""
     port = free_port()
     command = [sys.executable, "-m", "tailrace", "serve", model_dir, "--port", str(port),
-               "--max-num-seqs", str(args.batch)]
+               "--max-num-seqs", str(args.batch), "--dtype", args.dtype]
     with tempfile.TemporaryDirectory() as tmp, \
             ServerProcess("tailrace", command, f"http://127.0.0.1:{port}", Path(tmp) / "server.log") as server:
         wait_ready([server], 120)
@@ -76,7 +75,7 @@ def served(model_dir: str, args: argparse.Namespace) -> dict:
                         "--concurrency", str(args.batch), "--num-prompts", str(args.num_prompts),
                         "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                         "--no-progress", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
-        summary = json.loads(out.read_text())["runs"]["tiny"][0]["summary"]
+        summary = next(iter(json.loads(out.read_text())["runs"].values()))[0]["summary"]
     return {"output_tok_per_s": summary["output_throughput"], "failed": summary["failed"]}
 
 
@@ -87,15 +86,19 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--dtype", default="auto", help="of all three, as `tailrace serve --dtype`")
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="compute threads of the bare loop and the offline engine (default: all cores but "
+                             "one; the server picks its own)")
     parser.add_argument("--out", default="bench/out/ceiling.json")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))  # what the engine core uses by default
+    torch.set_num_threads(args.threads)
     with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
         vocab = json.load(f)["vocab_size"]
     prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed=0)
     rows = {
-        "bare forward loop": bare_loop(args.model, prompts, args.output_len, args.batch),
-        "offline engine (LLM.generate)": offline(args.model, prompts, args.output_len, args.batch),
+        "bare forward loop": bare_loop(args.model, args.dtype, prompts, args.output_len, args.batch),
+        "offline engine (LLM.generate)": offline(args.model, args.dtype, prompts, args.output_len, args.batch),
     }
     serve = served(args.model, args)
     rows[f"served, concurrency {args.batch}"] = serve["output_tok_per_s"]
