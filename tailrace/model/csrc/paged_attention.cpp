@@ -7,9 +7,11 @@
 // the same bits in a prefill, in a chunk after cached tokens and in any decode batch: what the
 // engine's exactness needs, and what CPU SDPA (blocked by query rows and padded keys) does not give.
 // Reading the pages in place also means no second copy of the K/V, and no per-layer matmul calls
-// (about 50 us each at one row in oneDNN). The query heads that share a KV head run as one task,
-// each key and value loaded once for all of them: the SmolLM2 shape's 30 layers at 32 rows of 256
-// positions took 24 ms against 29-31 ms head by head (bench/attention_decode.py).
+// (about 50 us each at one row in oneDNN). The query heads that share a KV head run together,
+// each key and value loaded once for all of them, and with enough rows a task takes a row's every
+// KV head, so the cache lines of a position are used by the task that loads them: the SmolLM2
+// shape's 30 layers at 32 rows of 256 positions took 19 ms against 29-31 ms head by head
+// (bench/attention_decode.py).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -68,10 +70,12 @@ struct Rows {
 // G query heads from `head` on, all reading KV head `kv_head`, of one query row that sees
 // positions 0..last of sequence `seq`. Each key and value is read once for the G heads; each
 // head's arithmetic is its own, in the same order whatever G or the batch.
-template <typename T, int G>
+// D: the head's vectors of 16 when known at compile time (the loops over them unroll and the
+// accumulators stay in registers), 0 to read it from p.dim.
+template <typename T, int G, int D>
 void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
-    const int64_t n = last + 1, dim = p.dim, vecs = dim / kLanes;
+    const int64_t n = last + 1, dim = D > 0 ? D * kLanes : p.dim, vecs = D > 0 ? D : dim / kLanes;
     const int64_t padded = ((n + kLanes - 1) / kLanes) * kLanes;
     const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
     scores.resize(G * padded);
@@ -153,25 +157,38 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
     }
 }
 
-constexpr int64_t kMaxGroup = 8;  // query heads done together: their queries stay in registers
+constexpr int64_t kMaxGroup = 8;
+constexpr int64_t kRowsPerThread = 4;  // rows a thread needs before a task takes a whole row  // query heads done together: their queries stay in registers
 
-// Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time.
+template <typename T, int D>
+void attend_some(const PagedAttention<T>& p, int64_t count, int64_t row, int64_t head, int64_t kv_head, int64_t seq,
+                 int64_t last, std::vector<float>& scores) {
+    switch (count) {
+        case 1: return attend_group<T, 1, D>(p, row, head, kv_head, seq, last, scores);
+        case 2: return attend_group<T, 2, D>(p, row, head, kv_head, seq, last, scores);
+        case 3: return attend_group<T, 3, D>(p, row, head, kv_head, seq, last, scores);
+        case 4: return attend_group<T, 4, D>(p, row, head, kv_head, seq, last, scores);
+        case 5: return attend_group<T, 5, D>(p, row, head, kv_head, seq, last, scores);
+        case 6: return attend_group<T, 6, D>(p, row, head, kv_head, seq, last, scores);
+        case 7: return attend_group<T, 7, D>(p, row, head, kv_head, seq, last, scores);
+        default: return attend_group<T, 8, D>(p, row, head, kv_head, seq, last, scores);
+    }
+}
+
+// Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time; head_dim 64 and
+// 128, the common ones, compiled for their size.
 template <typename T>
 void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
     const int64_t group = p.heads / p.kv_heads;
     for (int64_t done = 0; done < group; done += kMaxGroup) {
-        const int64_t head = kv_head * group + done;
-        switch (std::min(kMaxGroup, group - done)) {
-            case 1: attend_group<T, 1>(p, row, head, kv_head, seq, last, scores); break;
-            case 2: attend_group<T, 2>(p, row, head, kv_head, seq, last, scores); break;
-            case 3: attend_group<T, 3>(p, row, head, kv_head, seq, last, scores); break;
-            case 4: attend_group<T, 4>(p, row, head, kv_head, seq, last, scores); break;
-            case 5: attend_group<T, 5>(p, row, head, kv_head, seq, last, scores); break;
-            case 6: attend_group<T, 6>(p, row, head, kv_head, seq, last, scores); break;
-            case 7: attend_group<T, 7>(p, row, head, kv_head, seq, last, scores); break;
-            default: attend_group<T, 8>(p, row, head, kv_head, seq, last, scores); break;
-        }
+        const int64_t head = kv_head * group + done, count = std::min(kMaxGroup, group - done);
+        if (p.dim == 64)
+            attend_some<T, 4>(p, count, row, head, kv_head, seq, last, scores);
+        else if (p.dim == 128)
+            attend_some<T, 8>(p, count, row, head, kv_head, seq, last, scores);
+        else
+            attend_some<T, 0>(p, count, row, head, kv_head, seq, last, scores);
     }
 }
 
@@ -223,21 +240,27 @@ tailrace::QueryRows tailrace::query_rows(const int32_t* query_start_loc, const i
 
 template <typename T>
 void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows) {
-    // Items are (row, KV head). A prefill's later rows see more keys, so a thread's share is every
-    // threads-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows (and
-    // interleaving by a fixed 64 gave one thread twice the other's 96 items of a 32-row decode).
-    const int64_t items = static_cast<int64_t>(rows.seq.size()) * p.kv_heads;
-    const int64_t stride = std::min<int64_t>(items, at::get_num_threads());
+    // An item is a row's KV heads, all of them where there are rows enough (a position's K and V
+    // rows hold every KV head side by side, and one task reading them all uses the lines it
+    // loads), one otherwise, so a lone decode row still uses every thread; a head's arithmetic is
+    // the same either way. A prefill's later rows see more keys, so a thread's share is every
+    // threads-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows.
+    const int64_t threads = at::get_num_threads(), num_rows = static_cast<int64_t>(rows.seq.size());
+    const int64_t heads_per_item = num_rows >= kRowsPerThread * threads ? p.kv_heads : 1;
+    const int64_t items_per_row = p.kv_heads / heads_per_item, items = num_rows * items_per_row;
+    const int64_t stride = std::min<int64_t>(items, threads);
     const int64_t group = p.heads / p.kv_heads;
     at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores;
         for (int64_t first = begin; first < end; ++first)
             for (int64_t item = first; item < items; item += stride) {
-                const int64_t row = item / p.kv_heads, kv_head = item % p.kv_heads;
-                if (rows.seq[row] >= 0)
-                    attend_heads(p, row, kv_head, rows.seq[row], rows.last[row], scores);
-                else
-                    std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
+                const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
+                for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
+                    if (rows.seq[row] >= 0)
+                        attend_heads(p, row, kv_head, rows.seq[row], rows.last[row], scores);
+                    else
+                        std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
+                }
             }
     });
 }
