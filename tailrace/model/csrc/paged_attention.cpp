@@ -175,15 +175,17 @@ void attend_some(const PagedAttention<T>& p, int64_t count, int64_t row, int64_t
     }
 }
 
-// Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time; head_dim 64 and
-// 128, the common ones, compiled for their size.
+// Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time; head_dim 32, 64
+// and 128 (the embedded model's and the common ones) compiled for their size.
 template <typename T>
 void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
     const int64_t group = p.heads / p.kv_heads;
     for (int64_t done = 0; done < group; done += kMaxGroup) {
         const int64_t head = kv_head * group + done, count = std::min(kMaxGroup, group - done);
-        if (p.dim == 64)
+        if (p.dim == 32)
+            attend_some<T, 2>(p, count, row, head, kv_head, seq, last, scores);
+        else if (p.dim == 64)
             attend_some<T, 4>(p, count, row, head, kv_head, seq, last, scores);
         else if (p.dim == 128)
             attend_some<T, 8>(p, count, row, head, kv_head, seq, last, scores);
