@@ -26,9 +26,13 @@
 #include <cstring>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
-constexpr int64_t kLanes = 16;
+using tailrace::kLanes;
+using tailrace::lanes;
+
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kBlock = 32;  // inputs per tile step: 16 pairs
 
@@ -108,7 +112,7 @@ void tile_step(const Problem& p, int64_t m0, int64_t v0, float* out) {
 void store_rows(const Problem& p, int64_t m0, int64_t rows, int64_t v0, int64_t nb, const float* out) {
     for (int64_t j = 0; j < nb; ++j) {
         const int64_t n0 = (v0 + j) * kLanes;
-        const __mmask16 mask = p.N - n0 >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (p.N - n0)) - 1);
+        const __mmask16 mask = lanes(p.N - n0);
         const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
         for (int64_t i = 0; i < rows; ++i) {
             const __m512 acc = _mm512_loadu_ps(out + (i * nb + j) * kLanes);
