@@ -20,20 +20,25 @@ def available() -> bool:
     return has_bf16_dot() and kernels() is not None
 
 
-def _padded(values: torch.Tensor, length: int) -> torch.Tensor:
+def padded(values: torch.Tensor, length: int) -> torch.Tensor:
     """values with zero rows appended up to `length` rows."""
     out = values.new_zeros((length, *values.shape[1:]))
     out[: values.shape[0]] = values
     return out
 
 
+def pair_layout(values: torch.Tensor, vectors: int) -> torch.Tensor:
+    """[N, K] of any dtype -> [vectors, K / 2, 32]: 16 outputs a vector, K in adjacent pairs (lane
+    l's pair at 2l, 2l + 1), zero rows padding up to `vectors` vectors. The layout of the bfloat16
+    and the int8 kernels' weights, and AMX's VNNI tiles."""
+    n, k = values.shape
+    rows = padded(values, vectors * _LANES)
+    return rows.view(vectors, _LANES, k // 2, 2).transpose(1, 2).contiguous().view(vectors, k // 2, 2 * _LANES)
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N / 16), K / 2, 32]: 16 outputs a vector, K in adjacent pairs, zero rows
-    padding the last vector."""
-    n, k = weight.shape
-    vectors = -(-n // _LANES)
-    padded = _padded(weight.to(torch.bfloat16), vectors * _LANES)
-    return padded.view(vectors, _LANES, k // 2, 2).transpose(1, 2).contiguous().view(vectors, k // 2, 2 * _LANES)
+    """[N, K] -> bfloat16 [ceil(N / 16), K / 2, 32] (pair_layout)."""
+    return pair_layout(weight.to(torch.bfloat16), -(-weight.shape[0] // _LANES))
 
 
 def kernel_takes(weight: torch.Tensor) -> bool:
@@ -47,7 +52,7 @@ class Bf16Linear(Module):
         self.out_features = weight.shape[0]
         self.register_buffer("packed", pack(weight.detach()))
         # float32 and padded to whole vectors: the kernel adds it before rounding, 16 at a time
-        self.register_buffer("bias", None if bias is None else _padded(bias.detach().float(), self.packed.shape[0] * _LANES))
+        self.register_buffer("bias", None if bias is None else padded(bias.detach().float(), self.packed.shape[0] * _LANES))
         self._linear = kernels().bf16_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

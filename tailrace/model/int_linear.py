@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from tailrace.model.bf16_linear import padded, pair_layout
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.llama import Module
 
@@ -35,28 +36,22 @@ def _vectors(out_features: int) -> int:
     return tiles * _TILE_VECTORS
 
 
-def _lanes_last(values: torch.Tensor) -> torch.Tensor:
-    """[N, ...] -> [NV, ..., 16]: output n at lane n % 16 of vector n // 16, zero-padded to whole tiles."""
-    padded = values.new_zeros((_vectors(values.shape[0]) * _LANES, *values.shape[1:]))
-    padded[: values.shape[0]] = values
-    return padded.view(-1, _LANES, *values.shape[1:]).movedim(1, -1)
-
-
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """[N, K] int8 codes -> [NV, K / 2, 32] int8; [N, K] 4-bit codes (uint8, 0..15) -> [NV, K / 4, 32]
-    uint8 with pair 2p in the low nibbles and pair 2p + 1 in the high ones."""
+    """[N, K] int8 codes -> [NV, K / 2, 32] int8 (bf16_linear's pair layout); [N, K] 4-bit codes
+    (uint8, 0..15) -> [NV, K / 4, 32] uint8 with pair 2p in the low nibbles and pair 2p + 1 in the
+    high ones. NV: whole tiles."""
     n, k = codes.shape
-    # [NV, K/2, 2, 16] -> [NV, K/2, 16, 2]: lane l's pair at bytes 2l, 2l + 1
-    pairs = _lanes_last(codes.view(n, k // 2, 2)).transpose(-1, -2).reshape(-1, k // 2, 2 * _LANES)
+    pairs = pair_layout(codes, _vectors(n))
     if codes.dtype == torch.int8:
-        return pairs.contiguous()
+        return pairs
     nibbles = pairs.view(pairs.shape[0], k // 4, 2, 2 * _LANES)
     return (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).contiguous()
 
 
 def pack_scales(values: torch.Tensor) -> torch.Tensor:
-    """[N, G] -> [NV, G, 16] float16."""
-    return _lanes_last(values.to(torch.float16)).contiguous()
+    """[N, G] -> [NV, G, 16] float16: output n at lane n % 16 of vector n // 16, zero-padded to whole tiles."""
+    rows = padded(values.to(torch.float16), _vectors(values.shape[0]) * _LANES)
+    return rows.view(-1, _LANES, values.shape[1]).transpose(1, 2).contiguous()
 
 
 class IntLinear(Module):
