@@ -7,8 +7,8 @@
   see int_linear.py.
 - `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
   see cpu_ops.py.
-- `DecoderLayers`: every decoder layer of a bfloat16 forward in one call to the kernels above
-  (AVX512-BF16), see cpu_ops.FusedLayers.
+- `DecoderLayers`: every decoder layer of a bfloat16 forward (bfloat16 or integer projections) in
+  one call to the kernels above, see cpu_ops.FusedLayers.
 
 Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
