@@ -15,12 +15,14 @@ from tailrace.model.paged_attention import PagedKVCache
 # tailrace's paged CPU kernel, where it runs (AVX512 and a compiler)
 PAGED_NATIVE = [pytest.param("paged", dtype, marks=pytest.mark.skipif(kernels() is None, reason="no tailrace CPU kernels"))
                 for dtype in (torch.bfloat16, torch.float32)]
-# The slab's bfloat16 matmuls are batch-invariant only where oneDNN has no AMX to switch to for
-# some shapes (measured: a 270-row prefill cut at 135 differs on a Xeon with AMX, and matches with
-# ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16). The engine takes the slab only where tailrace's kernels
-# cannot run, which on such a CPU means a missing compiler.
+# The slab's bfloat16 matmuls are batch-invariant only where oneDNN runs them on AVX512-BF16 and
+# has no AMX to switch to for some shapes (measured: a 270-row prefill cut at 135 differs on a Xeon
+# with AMX, and matches with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16; on an Ice Lake without either,
+# two threads split a 514-long reduction differently for 27 rows than for 1,542). The engine takes
+# the slab only where tailrace's kernels cannot run, which on such a CPU means a missing compiler.
 SLAB_BF16 = pytest.param("slab", torch.bfloat16, marks=pytest.mark.skipif(
-    torch.cpu._is_amx_tile_supported(), reason="oneDNN's AMX bfloat16 matmuls are not batch-invariant"))
+    not torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
+    reason="oneDNN's bfloat16 matmuls are batch-invariant only on AVX512-BF16 without AMX"))
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 4, 2, 8, 4, 32
 

@@ -21,7 +21,7 @@ from tailrace.model.loader import load_model
 from conftest import EMBEDDED
 from test_quant import _prefill_logits
 
-needs_kernel = pytest.mark.skipif(not bf16_linear.available(), reason="no AVX512-BF16 or no tailrace CPU kernels here")
+needs_kernel = pytest.mark.skipif(not bf16_linear.available(), reason="no AVX512 or no tailrace CPU kernels here")
 
 
 def random_linear(out_features: int, in_features: int, bias: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -101,6 +101,32 @@ def test_the_avx512_loop_and_amx_tiles_agree_and_each_keeps_rows_apart(tmp_path)
     assert torch.equal(looped, looped_alone)
     here = Bf16Linear(weight, bias)(x)
     torch.testing.assert_close(here.float(), looped.float(), rtol=2**-7, atol=1e-2)
+
+
+def pairwise_fma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """vdpbf16ps's sums in float32: per K pair, the odd product added, then the even one. Each
+    product of two bfloat16 is exact in float32, so each addition rounds as an FMA does."""
+    x, weight = x.float(), weight.float()
+    acc = torch.zeros(x.shape[0], weight.shape[0])
+    for k in range(0, x.shape[1], 2):
+        acc = acc + x[:, k + 1, None] * weight[None, :, k + 1]
+        acc = acc + x[:, k, None] * weight[None, :, k]
+    return (acc + bias.float()).bfloat16()
+
+
+@needs_kernel
+def test_without_the_bfloat16_dot_product_two_fmas_a_pair_give_its_sums(tmp_path):
+    """TAILRACE_CPU_BF16_DOT=0 takes the path of CPUs without AVX512-BF16 (here in a child
+    process, the choice being process-wide): bit for bit the pairwise sums, in any batch."""
+    weight, bias = random_linear(40, 600, True, seed=2)  # K over one block of 256 pairs
+    x = torch.randn(6, 600, generator=torch.Generator().manual_seed(2)).bfloat16()
+    torch.save((weight, bias, x), tmp_path / "in.pt")
+    child = ("import sys, torch; from tailrace.model.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
+             "f = Bf16Linear(w, b); torch.save((f(x), torch.cat([f(x[i:i + 1]) for i in range(len(x))])), sys.argv[2])")
+    subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0", "TAILRACE_CPU_AMX": "0"}, check=True)
+    batched, alone = torch.load(tmp_path / "out.pt")
+    assert torch.equal(batched, pairwise_fma(x, weight, bias)) and torch.equal(alone, batched)
 
 
 @needs_kernel

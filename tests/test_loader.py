@@ -114,7 +114,7 @@ def test_auto_dtype_is_bfloat16_on_cuda_and_the_checkpoints_16_bits_on_a_cpu_tha
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
     assert resolve_dtype("auto", "cuda", "float32") == torch.bfloat16
     for native in (True, False):
-        monkeypatch.setattr(loader, "native_cpu_bfloat16", lambda native=native: native)
+        monkeypatch.setattr(loader, "fast_cpu_bfloat16", lambda native=native: native)
         assert resolve_dtype("auto", "cpu", "float32") == torch.float32
         assert resolve_dtype("auto", "cpu", "bfloat16") == (torch.bfloat16 if native else torch.float32)
         assert resolve_dtype("auto", "cpu", "float16") == (torch.bfloat16 if native else torch.float32)

@@ -1,4 +1,5 @@
-"""bfloat16 projections on CPUs with AVX512-BF16 through tailrace's own kernel (csrc/bf16_linear.cpp).
+"""bfloat16 projections on AVX512 CPUs through tailrace's own kernel (csrc/bf16_linear.cpp): the
+bfloat16 dot product where the CPU has AVX512-BF16, two float32 FMAs a pair where it has not.
 
 The kernel streams the weights at the memory's rate for one decode row and keeps the property
 the engine's exactness needs: a row's bits depend neither on the other rows of the batch nor on
@@ -9,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from tailrace.model.cpu_kernels import has_bf16_dot, kernels
+from tailrace.model.cpu_kernels import kernels
 from tailrace.model.llama import Module
 
 _LANES = 16
 
 
 def available() -> bool:
-    """This CPU has the bfloat16 dot product and the kernels built."""
-    return has_bf16_dot() and kernels() is not None
+    """The kernels are built (this CPU has AVX512)."""
+    return kernels() is not None
 
 
 def padded(values: torch.Tensor, length: int) -> torch.Tensor:

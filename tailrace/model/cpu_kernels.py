@@ -1,7 +1,7 @@
 """tailrace's own CPU kernels (csrc/), compiled once per environment and loaded on first use.
 
-- `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16, or AMX tiles where
-  the CPU has them: bf16_amx.cpp), see bf16_linear.py.
+- `bf16_linear`: bfloat16 projections over weights packed at load (AVX512-BF16, AMX tiles where
+  the CPU has them: bf16_amx.cpp, float32 FMAs where it has neither), see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
 - `int_linear`: int8 and int4 projections over integer codes and float16 scales (AVX512-VNNI),
   see int_linear.py.
@@ -35,11 +35,6 @@ _SOURCES = [Path(__file__).with_name("csrc") / name
                          "decoder.cpp", "bf16_amx.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
           "-mamx-bf16"]
-
-
-def has_bf16_dot() -> bool:
-    """The bfloat16 dot product bf16_linear executes (AVX512-BF16)."""
-    return torch.cpu._is_avx512_bf16_supported()
 
 
 def _build_directory() -> str | None:

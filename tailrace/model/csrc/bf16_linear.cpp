@@ -1,12 +1,16 @@
-// y = x @ W.T (+ bias) for bfloat16 x and W on CPUs with AVX512-BF16, every output row computed
-// the same way whatever the batch: the engine's exactness rests on a row's bits not depending on
-// its neighbours, the batch size or the thread count.
+// y = x @ W.T (+ bias) for bfloat16 x and W on AVX512 CPUs, every output row computed the same way
+// whatever the batch: the engine's exactness rests on a row's bits not depending on its
+// neighbours, the batch size or the thread count.
 //
 // W is packed once at load as [NV][KP][16][2]: 16 outputs to a vector, K in pairs (vdpbf16ps
-// multiplies a pair of bfloat16 and adds both products to a float32 lane). Each output lane owns
-// one float32 accumulator that runs over the pairs in order 0..KP-1, so the tiling (rows per tile,
-// vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks only
-// park the accumulators in float32 between blocks, which is exact.
+// multiplies a pair of bfloat16 and adds both products to a float32 lane). Without AVX512-BF16
+// the same sums come from two FMAs a pair (`Emulated`): a product of two bfloat16 is exact in
+// float32, so each FMA rounds once, as the instruction does (which also flushes denormals to zero;
+// these FMAs keep them, so the two paths' bits may differ there and only there). Bfloat16 weights
+// stream half the bytes of float32 ones, which is what a decode step waits on. Each output lane
+// owns one float32 accumulator that runs over the pairs in order 0..KP-1, so the tiling (rows per
+// tile, vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks
+// only park the accumulators in float32 between blocks, which is exact.
 //
 // Why not oneDNN: this one measured 0.80-0.99x oneDNN's packed bfloat16 time on the SmolLM2-135M
 // shape's projections at 1-128 rows and 2 threads, most at 8 rows (bench/bf16_linear_ab.py).
@@ -15,6 +19,8 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -37,7 +43,24 @@ struct Problem {
     int64_t M, K, N, KP, NV;
 };
 
-template <int MT, int NT>
+// vdpbf16ps: lane l += x[2l + 1] * w[2l + 1], then += x[2l] * w[2l] (the instruction's order).
+struct Native {
+    static __m512 dot(__m512 acc, __m512i x_pair, __m512i w) {
+        return _mm512_dpbf16_ps(acc, (__m512bh)x_pair, (__m512bh)w);
+    }
+    static __m256i round(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+};
+
+struct Emulated {
+    static __m512 high(__m512i pairs) { return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536))); }
+    static __m512 low(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+    static __m512 dot(__m512 acc, __m512i x_pair, __m512i w) {
+        return _mm512_fmadd_ps(low(x_pair), low(w), _mm512_fmadd_ps(high(x_pair), high(w), acc));
+    }
+    static __m256i round(__m512 v) { return tailrace::to_bf16_bits(v); }
+};
+
+template <typename Dot, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, float* part, bool first,
           bool last) {
     __m512 acc[MT][NT];
@@ -53,7 +76,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
         for (int i = 0; i < MT; ++i) {
             const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * kp));
             for (int j = 0; j < NT; ++j)
-                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a, (__m512bh)wv[j]);
+                acc[i][j] = Dot::dot(acc[i][j], a, wv[j]);
         }
     }
     if (!last) {
@@ -67,35 +90,36 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
         const __mmask16 mask = lanes(p.N - n0);
         const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
         for (int i = 0; i < MT; ++i) {
-            const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i][j], b));
-            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask, (__m256i)out);
+            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask, Dot::round(_mm512_add_ps(acc[i][j], b)));
         }
     }
 }
 
-template <int MT>
+template <typename Dot, int MT>
 void tile_rows(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1, float* part,
                bool first, bool last) {
     switch (nt) {
-        case 1: return tile<MT, 1>(p, m0, v0, kp0, kp1, part, first, last);
-        case 2: return tile<MT, 2>(p, m0, v0, kp0, kp1, part, first, last);
-        case 3: return tile<MT, 3>(p, m0, v0, kp0, kp1, part, first, last);
-        default: return tile<MT, 4>(p, m0, v0, kp0, kp1, part, first, last);
+        case 1: return tile<Dot, MT, 1>(p, m0, v0, kp0, kp1, part, first, last);
+        case 2: return tile<Dot, MT, 2>(p, m0, v0, kp0, kp1, part, first, last);
+        case 3: return tile<Dot, MT, 3>(p, m0, v0, kp0, kp1, part, first, last);
+        default: return tile<Dot, MT, 4>(p, m0, v0, kp0, kp1, part, first, last);
     }
 }
 
+template <typename Dot>
 void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1,
               float* part, bool first, bool last) {
     switch (mt) {
-        case 1: return tile_rows<1>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        case 2: return tile_rows<2>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        case 3: return tile_rows<3>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        default: return tile_rows<4>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        case 1: return tile_rows<Dot, 1>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        case 2: return tile_rows<Dot, 2>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        case 3: return tile_rows<Dot, 3>(p, m0, v0, nt, kp0, kp1, part, first, last);
+        default: return tile_rows<Dot, 4>(p, m0, v0, nt, kp0, kp1, part, first, last);
     }
 }
 
 // One thread's share: vector groups [g0, g1), every row. K is the middle loop so that a group's
 // block of weights is read from memory once and reused by every row tile from cache.
+template <typename Dot>
 void run_groups(const Problem& p, int64_t g0, int64_t g1) {
     const int64_t row_tiles = (p.M + kRows - 1) / kRows;
     const int64_t blocks = (p.KP + kBlockPairs - 1) / kBlockPairs;
@@ -109,10 +133,19 @@ void run_groups(const Problem& p, int64_t g0, int64_t g1) {
             for (int64_t t = 0; t < row_tiles; ++t) {
                 const int64_t m0 = t * kRows;
                 float* part = parts.empty() ? nullptr : parts.data() + t * kRows * kVectors * kLanes;
-                tile_any(p, m0, std::min(kRows, p.M - m0), v0, nt, kp0, kp1, part, b == 0, b == blocks - 1);
+                tile_any<Dot>(p, m0, std::min(kRows, p.M - m0), v0, nt, kp0, kp1, part, b == 0, b == blocks - 1);
             }
         }
     }
+}
+
+// AVX512-BF16, unless TAILRACE_CPU_BF16_DOT=0 asks for the FMA pairs (to test them where it is).
+bool native_dot() {
+    static const bool native = [] {
+        const char* env = std::getenv("TAILRACE_CPU_BF16_DOT");
+        return __builtin_cpu_supports("avx512bf16") && !(env != nullptr && std::strcmp(env, "0") == 0);
+    }();
+    return native;
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
@@ -141,9 +174,11 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     const Problem p{reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(packed), bias,
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
     const int64_t groups = (p.NV + kVectors - 1) / kVectors;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) { run_groups(p, g0, g1); });
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+        native_dot() ? run_groups<Native>(p, g0, g1) : run_groups<Emulated>(p, g0, g1);
+    });
 }
 
 void register_bf16_linear(pybind11::module& m) {
-    m.def("bf16_linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16, AVX512-BF16)");
+    m.def("bf16_linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16, AVX512)");
 }
