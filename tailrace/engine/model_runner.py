@@ -186,14 +186,15 @@ class ModelRunner:
             step.prompt_logprobs.append((i, pending.to_host()))
         if need.samplers:
             picked = take_rows(logits, [r for _, r in need.samplers])
+            constrained: list[int] = []
             if masks is not None:
                 constrained, job = masks
                 row_of = {i: j for j, i in enumerate(step.sampling_items)}
                 job.apply(picked, [row_of[i] for i in constrained])
             seqs = [scheduled[i].seq for i in step.sampling_items]
-            step.sampled = start_sample(picked, [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
-                                                             s.generator, eos_token_ids) for s in seqs],
-                                        self.shared_generator).to_host()
+            rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator, eos_token_ids,
+                                masked=i in constrained) for i, s in zip(step.sampling_items, seqs)]
+            step.sampled = start_sample(picked, rows, self.shared_generator).to_host()
         step.done = record_event(self.device)
         if tuned:
             self.threads.finish()

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tailrace.engine.transfer import to_device, to_host
+from tailrace.model.cpu_kernels import kernels
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
 
@@ -32,6 +33,7 @@ class SamplingRow:
     output_token_ids: list[int]  # generated so far, before this step
     generator: torch.Generator | None  # per-request and seeded; None when params.seed is None
     eos_token_ids: list[int]
+    masked: bool = False  # a grammar set most of its logits to -inf
 
 
 @dataclass(slots=True)
@@ -285,7 +287,7 @@ def _sample_random(
     # The clamp keeps a raw all -inf row finite: its probabilities become all zero (token 0).
     peak = logits.amax(dim=1, keepdim=True).clamp(min=torch.finfo(logits.dtype).min)
     # Unnormalised probabilities whose row maximum is exactly 1, so min_p is a plain threshold.
-    probs = (logits - peak).div_(temperature).exp_()
+    probs = _exp_((logits - peak).div_(temperature), [i for i, row in enumerate(rows) if row.masked])
     # A NaN (from a NaN or +inf logit) gets no probability, like an all -inf row: a NaN in the
     # CDF made the draw land one past the vocabulary, and that id killed the engine's next step.
     probs.nan_to_num_(nan=0.0)
@@ -296,6 +298,17 @@ def _sample_random(
     cdf = probs.cumsum(dim=1, dtype=torch.float64)
     uniforms = to_device(_uniforms(rows, shared_generator), device)
     return _invert_cdf(cdf, uniforms)
+
+
+def _exp_(scaled: torch.Tensor, masked: list[int]) -> torch.Tensor:
+    """scaled.exp_(). Torch's CPU exp takes -inf on a slow path, and a grammar's row is mostly
+    -inf: 4 masked rows of 8k added ~280 us to a 35 us exp of 16 rows. The kernel gives those
+    -inf their 0 directly and every other value the bits torch's exp gives it."""
+    ops = kernels() if masked and scaled.device.type == "cpu" else None
+    if ops is None:
+        return scaled.exp_()
+    ops.exp_skipping_neg_inf_(scaled, masked)
+    return scaled
 
 
 def _truncation_thresholds(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor | None:

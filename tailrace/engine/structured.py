@@ -28,6 +28,7 @@ from tailrace.engine.closing_schema import Node, compile_schema
 from tailrace.engine.regex_closing import Unsupported
 from tailrace.engine.thinking import Phase, ThinkGate
 from tailrace.engine.transfer import to_device
+from tailrace.model.cpu_kernels import kernels
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 from tailrace.tokenizer import tokenizer_json
 
@@ -229,13 +230,13 @@ class MaskJob:
 
     def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar]) -> None:
         # llguidance writes each mask at base + k * row_bytes and releases the GIL while it works.
-        row_bytes = self.bitmask.shape[1] * 4
+        base, row_bytes = self.bitmask.ctypes.data, self.bitmask.shape[1] * 4
         if executor is not None:
-            executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)],
-                                             self.bitmask.ctypes.data, row_bytes, len(grammars))
+            executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)], base, row_bytes,
+                                             len(grammars))
         else:
             for k, grammar in enumerate(grammars):
-                grammar.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data + k * row_bytes, row_bytes)
+                grammar.matcher.unsafe_compute_mask_ptr(base + k * row_bytes, row_bytes)
         for k, grammar in enumerate(grammars):
             if grammar.gate is not None and grammar.gate.phase is Phase.UNDECIDED:
                 # Before the first token, the model may also open a think block.
@@ -255,6 +256,9 @@ class MaskJob:
         """Wait for the masks, then set every disallowed logit of `rows` (one per grammar, in
         order) to -inf in place."""
         self.wait()
+        if logits.device.type == "cpu" and (ops := kernels()) is not None:
+            ops.mask_tokens(logits, torch.from_numpy(self.bitmask.view(np.int32)), rows)
+            return
         bits = np.unpackbits(self.bitmask.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
         if logits.device.type == "cpu":
             # Row by row, each op stays under torch's grain for a parallel region, which on a busy

@@ -7,6 +7,8 @@
   see int_linear.py.
 - `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
   see cpu_ops.py.
+- `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows (AVX512), see
+  engine/structured.py.
 - `DecoderLayers`: every decoder layer of a bfloat16 forward (bfloat16 or integer projections) in
   one call to the kernels above, see cpu_ops.FusedLayers.
 
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
-                         "decoder.cpp", "bf16_amx.cpp")]
+                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
           "-mamx-bf16"]
 

@@ -48,6 +48,11 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
 
+// token_mask.cpp: logits[rows[k]] (rows `row_stride` apart, `vocab` wide) set to -inf where bit i of
+// mask k is 0; mask k is `bits_stride` 16-bit words from bits + k * bits_stride, little-endian.
+void mask_token_rows(float* logits, int64_t row_stride, int64_t vocab, const uint16_t* bits, int64_t bits_stride,
+                     const int64_t* rows, int64_t count);
+
 // paged_attention.cpp
 template <typename T>
 struct PagedAttention {

@@ -7,6 +7,7 @@ void register_paged_attention(pybind11::module& m);
 void register_elementwise(pybind11::module& m);
 void register_decoder(pybind11::module& m);
 void register_int_linear(pybind11::module& m);
+void register_token_mask(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
@@ -14,4 +15,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_elementwise(m);
     register_decoder(m);
     register_int_linear(m);
+    register_token_mask(m);
 }
