@@ -149,19 +149,22 @@ def prefill_time(model, config, tokens: int, repeats: int = 5) -> float:
 
 
 def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> float:
-    """The prefill's FLOP bound: the same projections as bare matmuls (the faster of MKL's F.linear
-    and oneDNN over packed weights) for `tokens` rows, and the head for one row."""
+    """The prefill's FLOP bound: the same projections as bare matmuls (the fastest of MKL's F.linear
+    and oneDNN over packed weights) for `tokens` rows, and the head for one row. At a lower
+    precision float32's matmuls are candidates too: without AVX512-BF16 or AMX, oneDNN emulates
+    bfloat16 several times slower than float32, which would make a bound anything beats."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     shapes = [(q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter)]
     total = 0.0
     for (out_features, in_features), rows, count in [*((s, tokens, config.num_hidden_layers) for s in shapes),
                                                      ((config.vocab_size, hidden), 1, 1)]:
-        weight, x = torch.randn(out_features, in_features, dtype=dtype), torch.randn(rows, in_features, dtype=dtype)
-        candidates = [lambda: F.linear(x, weight)]
-        if packable(dtype, torch.device("cpu")):
-            packed = PackedLinear(weight, None)
-            candidates.append(lambda: packed(x))
+        candidates = []
+        for kind in dict.fromkeys([dtype, torch.float32]):
+            weight, x = torch.randn(out_features, in_features, dtype=kind), torch.randn(rows, in_features, dtype=kind)
+            candidates.append(lambda weight=weight, x=x: F.linear(x, weight))
+            if packable(kind, torch.device("cpu")):
+                candidates.append(lambda packed=PackedLinear(weight, None), x=x: packed(x))
         total += count * min(_best_of(fn, repeats) for fn in candidates)
     return total
 

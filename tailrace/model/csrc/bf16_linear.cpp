@@ -37,6 +37,7 @@ constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 
 
 struct Problem {
     const uint16_t* x;   // [M][K]
+    const float* xf;     // [M][K]: x widened to float32, for `Emulated` only
     const uint16_t* w;   // [NV][KP][32]
     const float* bias;   // [NV * 16] or nullptr
     uint16_t* y;         // [M][N]
@@ -45,17 +46,33 @@ struct Problem {
 
 // vdpbf16ps: lane l += x[2l + 1] * w[2l + 1], then += x[2l] * w[2l] (the instruction's order).
 struct Native {
-    static __m512 dot(__m512 acc, __m512i x_pair, __m512i w) {
-        return _mm512_dpbf16_ps(acc, (__m512bh)x_pair, (__m512bh)w);
+    using Pair = __m512i;     // one input pair, broadcast
+    using Weights = __m512i;  // 16 weight pairs
+    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
+        return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(p.x + row * p.K + 2 * kp));
     }
+    static Weights weights(const uint16_t* w) { return _mm512_loadu_si512(w); }
+    static __m512 dot(__m512 acc, Pair a, Weights w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
     static __m256i round(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 };
 
+// The same sums from two FMAs. Compute-bound tiles (prefill, large batches) are limited by the
+// two vector ports the FMAs share with the bfloat16 widening, so the inputs are widened once per
+// call (p.xf, broadcast straight from memory) and each weight vector once per tile step.
 struct Emulated {
-    static __m512 high(__m512i pairs) { return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536))); }
-    static __m512 low(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
-    static __m512 dot(__m512 acc, __m512i x_pair, __m512i w) {
-        return _mm512_fmadd_ps(low(x_pair), low(w), _mm512_fmadd_ps(high(x_pair), high(w), acc));
+    struct Pair { __m512 high, low; };
+    struct Weights { __m512 high, low; };
+    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
+        const float* x = p.xf + row * p.K + 2 * kp;
+        return {_mm512_set1_ps(x[1]), _mm512_set1_ps(x[0])};
+    }
+    static Weights weights(const uint16_t* w) {
+        const __m512i pairs = _mm512_loadu_si512(w);
+        return {_mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536))),
+                _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16))};
+    }
+    static __m512 dot(__m512 acc, Pair a, Weights w) {
+        return _mm512_fmadd_ps(a.low, w.low, _mm512_fmadd_ps(a.high, w.high, acc));
     }
     static __m256i round(__m512 v) { return tailrace::to_bf16_bits(v); }
 };
@@ -68,13 +85,12 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
         for (int j = 0; j < NT; ++j)
             acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
     const uint16_t* w = p.w + v0 * p.KP * 2 * kLanes;
-    const uint16_t* x = p.x + m0 * p.K;
     for (int64_t kp = kp0; kp < kp1; ++kp) {
-        __m512i wv[NT];
+        typename Dot::Weights wv[NT];
         for (int j = 0; j < NT; ++j)
-            wv[j] = _mm512_loadu_si512(w + (j * p.KP + kp) * 2 * kLanes);
+            wv[j] = Dot::weights(w + (j * p.KP + kp) * 2 * kLanes);
         for (int i = 0; i < MT; ++i) {
-            const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * kp));
+            const typename Dot::Pair a = Dot::pair(p, m0 + i, kp);
             for (int j = 0; j < NT; ++j)
                 acc[i][j] = Dot::dot(acc[i][j], a, wv[j]);
         }
@@ -171,11 +187,15 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
                            c10::BFloat16* y, int64_t rows, int64_t k, int64_t n) {
     if (rows == 0 || bf16_linear_amx(x, packed, vectors, bias, y, rows, k, n))
         return;
-    const Problem p{reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(packed), bias,
+    const bool native = native_dot();
+    std::vector<float> xf(native ? 0 : rows * k);
+    for (size_t i = 0; i < xf.size(); ++i)
+        xf[i] = static_cast<float>(x[i]);
+    const Problem p{reinterpret_cast<const uint16_t*>(x), xf.data(), reinterpret_cast<const uint16_t*>(packed), bias,
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
     const int64_t groups = (p.NV + kVectors - 1) / kVectors;
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-        native_dot() ? run_groups<Native>(p, g0, g1) : run_groups<Emulated>(p, g0, g1);
+        native ? run_groups<Native>(p, g0, g1) : run_groups<Emulated>(p, g0, g1);
     });
 }
 
