@@ -70,7 +70,7 @@ def test_keeps_leading_dimensions():
 @needs_kernel
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(1, 70), out_features=st.integers(1, 200), pairs=st.integers(1, 600),
-       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+       threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
 def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(rows, out_features, pairs, threads, seed):
     weight, bias = random_linear(out_features, 2 * pairs, True, seed)
     linear = Bf16Linear(weight, bias)

@@ -88,45 +88,60 @@ void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* codes, float* scal
     });
 }
 
-// The 32 int16 codes (16 lanes x a pair) of vector v at pair kp; for int4, `sub` picks pair
-// 2p (low nibbles) or 2p + 1 (high) of the byte run loaded once for both.
+// Where vector v's codes of pair kp start: int8 32 bytes a pair, int4 32 bytes every two pairs.
+template <int Bits>
+inline const uint8_t* code_address(const Problem& p, int64_t v, int64_t kp) {
+    const int64_t KP = p.K / 2;
+    return Bits == 8 ? p.w + (v * KP + kp) * 32 : p.w + (v * (KP / 2) + kp / 2) * 32;
+}
+
+// The 32 int16 codes (16 lanes x a pair) of vector v at pair kp; for int4, out[0] and out[1] are
+// pairs 2p (low nibbles) and 2p + 1 (high) of the byte run loaded once for both.
 template <int Bits>
 inline void load_codes(const Problem& p, int64_t v, int64_t kp, __m512i* out) {
-    const int64_t KP = p.K / 2;
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code_address<Bits>(p, v, kp)));
     if constexpr (Bits == 8) {
-        out[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.w + (v * KP + kp) * 32)));
+        out[0] = _mm512_cvtepi8_epi16(bytes);
     } else {
-        const __m512i bytes = _mm512_cvtepu8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.w + (v * (KP / 2) + kp / 2) * 32)));
-        out[0] = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
-        out[1] = _mm512_srli_epi16(bytes, 4);
+        const __m512i words = _mm512_cvtepu8_epi16(bytes);
+        out[0] = _mm512_and_si512(words, _mm512_set1_epi16(0x0F));
+        out[1] = _mm512_srli_epi16(words, 4);
     }
 }
 
+// A tile reads its vectors' codes as up to 4 runs side by side, each 16 K (int8) or 8 K (int4)
+// bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's stream prefetch to ramp up
+// on. Asking for each run's line 1 KB ahead (past a run's end: the next vector's, the next tile's
+// for the last) read the 0.2-1.8 MB projections of a decode step 2-10% faster (a same-process A/B
+// at one row, bench/RESULTS.md, tenth session).
+constexpr int64_t kPrefetch = 1024;
+
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-// Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+3, into `part` [MT][4][16].
-template <int Bits, Scales S, int MT>
+// Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, into `part` [MT][4][16].
+template <int Bits, Scales S, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int kSubs = Bits == 8 ? 1 : 2;
     const int16_t* x = p.x.codes + m0 * p.K;
     for (int64_t b = b0; b < b1; ++b) {
-        __m512i isum[MT][kVectors];
+        __m512i isum[MT][NT];
         for (int i = 0; i < MT; ++i)
-            for (int j = 0; j < kVectors; ++j)
+            for (int j = 0; j < NT; ++j)
                 isum[i][j] = _mm512_setzero_si512();
         for (int64_t kp = b * kBlockPairs; kp < (b + 1) * kBlockPairs; kp += kSubs) {
-            __m512i wv[kVectors][kSubs];
-            for (int j = 0; j < kVectors; ++j)
+            __m512i wv[NT][kSubs];
+            for (int j = 0; j < NT; ++j) {
                 load_codes<Bits>(p, v0 + j, kp, wv[j]);
+                _mm_prefetch(reinterpret_cast<const char*>(code_address<Bits>(p, v0 + j, kp)) + kPrefetch, _MM_HINT_T0);
+            }
             for (int s = 0; s < kSubs; ++s)
                 for (int i = 0; i < MT; ++i) {
                     const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * (kp + s)));
-                    for (int j = 0; j < kVectors; ++j)
+                    for (int j = 0; j < NT; ++j)
                         isum[i][j] = _mm512_dpwssd_epi32(isum[i][j], a, wv[j][s]);
                 }
         }
-        for (int j = 0; j < kVectors; ++j) {
+        for (int j = 0; j < NT; ++j) {
             __m512 d, z;
             if constexpr (S != Scales::PerRow)
                 d = half16(p.d + ((v0 + j) * p.G + b) * kLanes);
@@ -151,22 +166,30 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
     }
 }
 
+template <int Bits, Scales S, int MT>
+void tile_rows(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
+    switch (nt) {
+        case 1: return tile<Bits, S, MT, 1>(p, m0, v0, b0, b1, part);
+        case 2: return tile<Bits, S, MT, 2>(p, m0, v0, b0, b1, part);
+        case 3: return tile<Bits, S, MT, 3>(p, m0, v0, b0, b1, part);
+        default: return tile<Bits, S, MT, 4>(p, m0, v0, b0, b1, part);
+    }
+}
+
 template <int Bits, Scales S>
-void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t b0, int64_t b1, float* part) {
+void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
     switch (mt) {
-        case 1: return tile<Bits, S, 1>(p, m0, v0, b0, b1, part);
-        case 2: return tile<Bits, S, 2>(p, m0, v0, b0, b1, part);
-        case 3: return tile<Bits, S, 3>(p, m0, v0, b0, b1, part);
-        default: return tile<Bits, S, 4>(p, m0, v0, b0, b1, part);
+        case 1: return tile_rows<Bits, S, 1>(p, m0, v0, nt, b0, b1, part);
+        case 2: return tile_rows<Bits, S, 2>(p, m0, v0, nt, b0, b1, part);
+        case 3: return tile_rows<Bits, S, 3>(p, m0, v0, nt, b0, b1, part);
+        default: return tile_rows<Bits, S, 4>(p, m0, v0, nt, b0, b1, part);
     }
 }
 
 template <Scales S, typename T>
-void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, const float* part, T* y) {
-    for (int j = 0; j < kVectors; ++j) {
+void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, const float* part, T* y) {
+    for (int j = 0; j < nt; ++j) {
         const int64_t n0 = (v0 + j) * kLanes;
-        if (n0 >= p.N)
-            return;
         const __mmask16 mask = lanes(p.N - n0);
         const __m512 d = half16(p.d + (v0 + j) * p.G * kLanes);
         const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
@@ -179,28 +202,32 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, const f
     }
 }
 
-// One thread's share: tiles of vectors [t0, t1), every row. The blocks are the middle loop so that
-// a tile's codes are read from memory once a chunk and reused by every row tile from cache.
+// One thread's share: vectors [v_begin, v_end) in tiles of up to 4, every row. The blocks are the
+// middle loop so that a tile's codes are read from memory once a chunk and reused by every row
+// tile from cache.
 template <int Bits, Scales S, typename T>
-void run_tiles(const Problem& p, int64_t t0, int64_t t1, T* y) {
+void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, T* y) {
     const int64_t row_tiles = (p.M + kRows - 1) / kRows;
     std::vector<float> parts(row_tiles * kRows * kVectors * kLanes);
-    for (int64_t t = t0; t < t1; ++t) {
-        const int64_t v0 = t * kVectors;
+    for (int64_t v0 = v_begin; v0 < v_end; v0 += kVectors) {
+        const int64_t nt = std::min(kVectors, v_end - v0);
         std::fill(parts.begin(), parts.end(), 0.0f);
         for (int64_t b0 = 0; b0 < p.KB; b0 += kChunkBlocks)
             for (int64_t r = 0; r < row_tiles; ++r)
-                tile_any<Bits, S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, b0,
+                tile_any<Bits, S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, nt, b0,
                                   std::min(p.KB, b0 + kChunkBlocks), parts.data() + r * kRows * kVectors * kLanes);
         for (int64_t r = 0; r < row_tiles; ++r)
-            store_outputs<S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0,
-                          parts.data() + r * kRows * kVectors * kLanes, y);
+            store_outputs<S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, nt,
+                             parts.data() + r * kRows * kVectors * kLanes, y);
     }
 }
 
+// The threads split the vectors that hold outputs, not whole tiles: a layer of 36 vectors (9 tiles)
+// is 18 and 18 on two threads, not 5 tiles and 4. Each output's arithmetic is the same either way.
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
-    at::parallel_for(0, p.NV / kVectors, 1, [&](int64_t t0, int64_t t1) { run_tiles<Bits, S>(p, t0, t1, y); });
+    const int64_t used = (p.N + kLanes - 1) / kLanes;
+    at::parallel_for(0, used, 1, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
 }
 
 template <int Bits, typename T>
