@@ -31,8 +31,7 @@ namespace {
 using tailrace::kLanes;  // outputs per vector
 using tailrace::lanes;
 
-constexpr int64_t kVectors = 4;      // vectors per tile: independent accumulator chains per row
-constexpr int64_t kRows = 4;         // rows per tile: each weight load serves this many rows
+constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take 12 x 2 tiles (see bf16_linear)
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
 
 struct Problem {
@@ -77,13 +76,15 @@ struct Emulated {
     static __m256i round(__m512 v) { return tailrace::to_bf16_bits(v); }
 };
 
-template <typename Dot, int MT, int NT>
+// Rows m0..m0+MT-1 against vectors v0..v0+NT-1 over pairs [kp0, kp1); `part` holds the rows'
+// float32 sums between K blocks, V vectors a row.
+template <typename Dot, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, float* part, bool first,
           bool last) {
     __m512 acc[MT][NT];
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
-            acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+            acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * V + j) * kLanes);
     const uint16_t* w = p.w + v0 * p.KP * 2 * kLanes;
     for (int64_t kp = kp0; kp < kp1; ++kp) {
         typename Dot::Weights wv[NT];
@@ -98,7 +99,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     if (!last) {
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
-                _mm512_storeu_ps(part + (i * kVectors + j) * kLanes, acc[i][j]);
+                _mm512_storeu_ps(part + (i * V + j) * kLanes, acc[i][j]);
         return;
     }
     for (int j = 0; j < NT; ++j) {
@@ -111,45 +112,43 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     }
 }
 
-template <typename Dot, int MT>
-void tile_rows(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1, float* part,
+// tile<Dot, V, mt, nt> for run-time mt <= MT and nt <= NT
+template <typename Dot, int V, int MT, int NT = V>
+void tile_cols(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1, float* part,
                bool first, bool last) {
-    switch (nt) {
-        case 1: return tile<Dot, MT, 1>(p, m0, v0, kp0, kp1, part, first, last);
-        case 2: return tile<Dot, MT, 2>(p, m0, v0, kp0, kp1, part, first, last);
-        case 3: return tile<Dot, MT, 3>(p, m0, v0, kp0, kp1, part, first, last);
-        default: return tile<Dot, MT, 4>(p, m0, v0, kp0, kp1, part, first, last);
-    }
+    if constexpr (NT > 1)
+        if (nt < NT)
+            return tile_cols<Dot, V, MT, NT - 1>(p, m0, v0, nt, kp0, kp1, part, first, last);
+    tile<Dot, V, MT, NT>(p, m0, v0, kp0, kp1, part, first, last);
 }
 
-template <typename Dot>
+template <typename Dot, int V, int MT>
 void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1,
               float* part, bool first, bool last) {
-    switch (mt) {
-        case 1: return tile_rows<Dot, 1>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        case 2: return tile_rows<Dot, 2>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        case 3: return tile_rows<Dot, 3>(p, m0, v0, nt, kp0, kp1, part, first, last);
-        default: return tile_rows<Dot, 4>(p, m0, v0, nt, kp0, kp1, part, first, last);
-    }
+    if constexpr (MT > 1)
+        if (mt < MT)
+            return tile_any<Dot, V, MT - 1>(p, m0, mt, v0, nt, kp0, kp1, part, first, last);
+    tile_cols<Dot, V, MT>(p, m0, v0, nt, kp0, kp1, part, first, last);
 }
 
-// One thread's share: vectors [v_begin, v_end) in groups of up to 4, every row. K is the middle
-// loop so that a group's block of weights is read from memory once and reused by every row tile
-// from cache.
-template <typename Dot>
+// One thread's share: vectors [v_begin, v_end) in groups of up to V, every row, R rows a tile. K
+// is the middle loop so that a group's block of weights is read from memory once and reused by
+// every row tile from cache.
+template <typename Dot, int R, int V>
 void run_groups(const Problem& p, int64_t v_begin, int64_t v_end) {
-    const int64_t row_tiles = (p.M + kRows - 1) / kRows;
+    const int64_t row_tiles = (p.M + R - 1) / R;
     const int64_t blocks = (p.KP + kBlockPairs - 1) / kBlockPairs;
-    std::vector<float> parts(blocks > 1 ? row_tiles * kRows * kVectors * kLanes : 0);
-    for (int64_t v0 = v_begin; v0 < v_end; v0 += kVectors) {
-        const int64_t nt = std::min(kVectors, v_end - v0);
+    std::vector<float> parts(blocks > 1 ? row_tiles * R * V * kLanes : 0);
+    for (int64_t v0 = v_begin; v0 < v_end; v0 += V) {
+        const int64_t nt = std::min<int64_t>(V, v_end - v0);
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t kp0 = b * kBlockPairs;
             const int64_t kp1 = std::min(p.KP, kp0 + kBlockPairs);
             for (int64_t t = 0; t < row_tiles; ++t) {
-                const int64_t m0 = t * kRows;
-                float* part = parts.empty() ? nullptr : parts.data() + t * kRows * kVectors * kLanes;
-                tile_any<Dot>(p, m0, std::min(kRows, p.M - m0), v0, nt, kp0, kp1, part, b == 0, b == blocks - 1);
+                const int64_t m0 = t * R;
+                float* part = parts.empty() ? nullptr : parts.data() + t * R * V * kLanes;
+                tile_any<Dot, V, R>(p, m0, std::min<int64_t>(R, p.M - m0), v0, nt, kp0, kp1, part, b == 0,
+                                    b == blocks - 1);
             }
         }
     }
@@ -195,8 +194,18 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
     // The threads split vectors, not whole groups: 36 vectors (9 groups) are 18 and 18 on two
     // threads, not 5 groups and 4. Each output's arithmetic is the same either way.
+    // Tiles: 4 rows x 4 vectors (16 accumulators, each weight load serving 4 rows), but where the
+    // FMA pairs widen every weight vector, 12 rows x 2 vectors (24 accumulators) from 8 rows on:
+    // the widening is then 4 of 52 vector instructions a step instead of 8 of 40. Same-process A/B
+    // on SmolLM2's projections, 2 threads: 5-14% faster at 32 and 128 rows, 2-4% at 8; 8 x 2
+    // tiles gained 1-3%, 16 x 1 lost 40% (bench/RESULTS.md, tenth session).
     at::parallel_for(0, p.NV, 1, [&](int64_t v0, int64_t v1) {
-        native ? run_groups<Native>(p, v0, v1) : run_groups<Emulated>(p, v0, v1);
+        if (native)
+            run_groups<Native, 4, 4>(p, v0, v1);
+        else if (p.M >= kWideFrom)
+            run_groups<Emulated, 12, 2>(p, v0, v1);
+        else
+            run_groups<Emulated, 4, 4>(p, v0, v1);
     });
 }
 
