@@ -3,6 +3,9 @@ and the Triton kernel."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -178,6 +181,14 @@ def test_paged_cache_on_the_reference_path_matches_kv_cache(monkeypatch):
     cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)
     assert cache._native_attention is None
     run_against_kv_cache(cache)
+
+
+def test_a_cpu_cache_never_imports_triton():
+    """Triton alone is 52 MB of a CPU engine's RSS; only a CUDA cache may import it."""
+    code = ("import sys, torch; from tailrace.model.paged_attention import PagedKVCache; "
+            "PagedKVCache(2, 2, 32, 4, 16, torch.float32, 'cpu'); print('triton' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_paged_cache_has_the_kv_cache_page_size():

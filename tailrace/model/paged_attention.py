@@ -13,13 +13,21 @@ computation, the same bits in any batch, chunking or thread count), or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, new_pages
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.triton_attention import paged_attention_triton, triton_available
+
+
+def _triton_attention() -> ModuleType:
+    """The Triton kernel's module, imported only where it may run: importing triton alone added
+    52 MB to a CPU engine's RSS (bench/RESULTS.md, eleventh session)."""
+    from tailrace.model import triton_attention
+
+    return triton_attention
 
 
 @dataclass(slots=True)
@@ -103,7 +111,10 @@ class PagedKVCache:
         self.max_model_len = max_model_len or num_blocks * block_size
         # A table never holds more blocks than the cache has, however long the context may be.
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
-        self.use_triton = (self.device.type == "cuda" and triton_available()) if use_triton is None else use_triton
+        if use_triton is None:
+            use_triton = self.device.type == "cuda" and _triton_attention().triton_available()
+        self.use_triton = use_triton
+        self._triton_kernel = _triton_attention().paged_attention_triton if use_triton else None
         takes = dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256
         native = kernels() if self.device.type == "cpu" and not self.use_triton and takes else None
         self._native_attention = None if native is None else native.paged_attention
@@ -153,7 +164,7 @@ class PagedKVCache:
         if not self.use_triton:
             return paged_attention_reference(q, self.k[layer], self.v[layer], meta, self.scale)
         out = q.new_empty(q.shape)
-        paged_attention_triton(q, self.k[layer], self.v[layer], meta, out, self.scale)
+        self._triton_kernel(q, self.k[layer], self.v[layer], meta, out, self.scale)
         return out
 
     def step_metadata(self, batch: AttentionBatch) -> PagedAttentionMetadata:
