@@ -88,18 +88,18 @@ void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* codes, float* scal
     });
 }
 
-// Where vector v's codes of pair kp start: int8 32 bytes a pair, int4 32 bytes every two pairs.
+// Bytes of codes per vector: 16 lanes of K codes, a byte each (int8) or half a byte (int4). A load
+// of 32 of them holds one pair (int8) or two (int4).
 template <int Bits>
-inline const uint8_t* code_address(const Problem& p, int64_t v, int64_t kp) {
-    const int64_t KP = p.K / 2;
-    return Bits == 8 ? p.w + (v * KP + kp) * 32 : p.w + (v * (KP / 2) + kp / 2) * 32;
+inline int64_t vector_bytes(const Problem& p) {
+    return kLanes * p.K * Bits / 8;
 }
 
-// The 32 int16 codes (16 lanes x a pair) of vector v at pair kp; for int4, out[0] and out[1] are
-// pairs 2p (low nibbles) and 2p + 1 (high) of the byte run loaded once for both.
+// The 32 int16 codes (16 lanes x a pair) at `at`; for int4, out[0] and out[1] are pairs 2p (low
+// nibbles) and 2p + 1 (high) of the byte run loaded once for both.
 template <int Bits>
-inline void load_codes(const Problem& p, int64_t v, int64_t kp, __m512i* out) {
-    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code_address<Bits>(p, v, kp)));
+inline void load_codes(const uint8_t* at, __m512i* out) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
     if constexpr (Bits == 8) {
         out[0] = _mm512_cvtepi8_epi16(bytes);
     } else {
@@ -118,25 +118,39 @@ constexpr int64_t kPrefetch = 1024;
 
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-// Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, into `part` [MT][4][16].
+// Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
+// [MT][4][16]. The pointers are set once and the float sums stay in registers over the blocks:
+// with a code address and the sums' loads and stores worked out per vector and block, half of a
+// one-row tile's instructions were bookkeeping (bench/RESULTS.md, eleventh session).
 template <int Bits, Scales S, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
-    constexpr int kSubs = Bits == 8 ? 1 : 2;
-    const int16_t* x = p.x.codes + m0 * p.K;
-    for (int64_t b = b0; b < b1; ++b) {
+    constexpr int kSubs = Bits == 8 ? 1 : 2;  // pairs a 32-byte code load holds
+    constexpr int64_t kSteps = kBlockPairs / kSubs;
+    const int64_t stride = vector_bytes<Bits>(p);
+    const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * 32;
+    const int16_t* x = p.x.codes + m0 * p.K + b0 * kBlock;
+    const float* x_scale = p.x.scale + m0 * p.KB;
+    const float* x_sum = p.x.sum + m0 * p.KB;
+    __m512 acc[MT][NT];
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            acc[i][j] = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+    for (int64_t b = b0; b < b1; ++b, codes += kSteps * 32, x += kBlock) {
         __m512i isum[MT][NT];
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
                 isum[i][j] = _mm512_setzero_si512();
-        for (int64_t kp = b * kBlockPairs; kp < (b + 1) * kBlockPairs; kp += kSubs) {
+        for (int64_t step = 0; step < kSteps; ++step) {
             __m512i wv[NT][kSubs];
             for (int j = 0; j < NT; ++j) {
-                load_codes<Bits>(p, v0 + j, kp, wv[j]);
-                _mm_prefetch(reinterpret_cast<const char*>(code_address<Bits>(p, v0 + j, kp)) + kPrefetch, _MM_HINT_T0);
+                const uint8_t* at = codes + j * stride + step * 32;
+                load_codes<Bits>(at, wv[j]);
+                _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
             }
             for (int s = 0; s < kSubs; ++s)
                 for (int i = 0; i < MT; ++i) {
-                    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + i * p.K + 2 * (kp + s)));
+                    const int16_t* pair = x + i * p.K + 2 * (step * kSubs + s);
+                    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(pair));
                     for (int j = 0; j < NT; ++j)
                         isum[i][j] = _mm512_dpwssd_epi32(isum[i][j], a, wv[j][s]);
                 }
@@ -148,22 +162,21 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             if constexpr (S == Scales::GroupedWithZero)
                 z = half16(p.z + ((v0 + j) * p.G + b) * kLanes);
             for (int i = 0; i < MT; ++i) {
-                float* acc = part + (i * kVectors + j) * kLanes;
-                const int64_t row_block = (m0 + i) * p.KB + b;
                 const __m512 f = _mm512_cvtepi32_ps(isum[i][j]);
-                const __m512 s = _mm512_set1_ps(p.x.scale[row_block]);
-                __m512 a = _mm512_loadu_ps(acc);
+                const __m512 s = _mm512_set1_ps(x_scale[i * p.KB + b]);
                 if constexpr (S == Scales::PerRow) {
-                    a = _mm512_fmadd_ps(f, s, a);
+                    acc[i][j] = _mm512_fmadd_ps(f, s, acc[i][j]);
                 } else {
-                    a = _mm512_fmadd_ps(_mm512_mul_ps(f, s), d, a);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(f, s), d, acc[i][j]);
                     if constexpr (S == Scales::GroupedWithZero)
-                        a = _mm512_fmadd_ps(_mm512_set1_ps(p.x.sum[row_block]), z, a);
+                        acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x_sum[i * p.KB + b]), z, acc[i][j]);
                 }
-                _mm512_storeu_ps(acc, a);
             }
         }
     }
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            _mm512_storeu_ps(part + (i * kVectors + j) * kLanes, acc[i][j]);
 }
 
 template <int Bits, Scales S, int MT>
