@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels.h"
@@ -33,6 +34,7 @@ using tailrace::lanes;
 
 constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take 12 x 2 tiles (see bf16_linear)
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
+constexpr int64_t kWidenGrain = 1024;  // vectors of x a thread widens at least (16k values)
 
 struct Problem {
     const uint16_t* x;   // [M][K]
@@ -154,6 +156,20 @@ void run_groups(const Problem& p, int64_t v_begin, int64_t v_end) {
     }
 }
 
+// x in float32 for the FMA pairs (exact), the vectors split over the threads: widened by the
+// calling thread alone, into a zeroed buffer, it was 2-3% of a 138-token prefill's samples while
+// the other threads waited (bench/RESULTS.md, eleventh session).
+std::unique_ptr<float[]> widened(const c10::BFloat16* x, int64_t count) {
+    std::unique_ptr<float[]> out(new float[count]);
+    at::parallel_for(0, (count + kLanes - 1) / kLanes, kWidenGrain, [&](int64_t v0, int64_t v1) {
+        for (int64_t i = v0 * kLanes; i < std::min(count, v1 * kLanes); i += kLanes) {
+            const __mmask16 m = lanes(count - i);
+            tailrace::store16(out.get() + i, tailrace::load16(x + i, m), m);
+        }
+    });
+    return out;
+}
+
 // AVX512-BF16, unless TAILRACE_CPU_BF16_DOT=0 asks for the FMA pairs (to test them where it is).
 bool native_dot() {
     static const bool native = [] {
@@ -187,10 +203,8 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     if (rows == 0 || bf16_linear_amx(x, packed, vectors, bias, y, rows, k, n))
         return;
     const bool native = native_dot();
-    std::vector<float> xf(native ? 0 : rows * k);
-    for (size_t i = 0; i < xf.size(); ++i)
-        xf[i] = static_cast<float>(x[i]);
-    const Problem p{reinterpret_cast<const uint16_t*>(x), xf.data(), reinterpret_cast<const uint16_t*>(packed), bias,
+    const std::unique_ptr<float[]> xf = native ? nullptr : widened(x, rows * k);
+    const Problem p{reinterpret_cast<const uint16_t*>(x), xf.get(), reinterpret_cast<const uint16_t*>(packed), bias,
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
     // The threads split vectors, not whole groups: 36 vectors (9 groups) are 18 and 18 on two
     // threads, not 5 groups and 4. Each output's arithmetic is the same either way.
