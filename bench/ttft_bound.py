@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=6, help="requests per round")
+    parser.add_argument("--serve-args", default="", help="more `tailrace serve` flags, e.g. \"--threads 2\"")
     parser.add_argument("--out", default="bench/out/ttft_bound.json")
     args = parser.parse_args()
 
@@ -86,6 +88,7 @@ def main() -> None:
                args.load_format, "--port", str(port), "--served-model-name", "m"]
     if args.quantization:
         command += ["--quantization", args.quantization]
+    command += shlex.split(args.serve_args)
     config = load_model_config(args.model)
     dtype = getattr(torch, args.dtype)
     firsts: list[list[float]] = []
