@@ -40,25 +40,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decode_step import matmul_bound  # noqa: E402
 
 from tailrace.bench.prompts import make_prompts  # noqa: E402
-from tailrace.bench.records import chunk_text  # noqa: E402
+from tailrace.bench.records import DONE, chunk_text  # noqa: E402
+from tailrace.bench.serve import LoadConfig, request_body  # noqa: E402
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready  # noqa: E402
+from tailrace.bench.sse import SSEDecoder  # noqa: E402
 from tailrace.model.config import load_model_config  # noqa: E402
 
 
-def one_request(client: httpx.Client, url: str, prompt: str, output_len: int) -> tuple[float, float | None, int]:
+def one_request(client: httpx.Client, url: str, body: dict) -> tuple[float, float | None, int]:
     """(s to the first chunk, s to the first chunk with text or None, the server's prompt tokens)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": output_len,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     first = text = None
     prompt_tokens = 0
+    decoder = SSEDecoder()
     started = time.perf_counter()
     with client.stream("POST", url, content=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            data = decoder.feed(line)
+            if data is None or data == DONE:
                 continue
             now = time.perf_counter()
-            chunk = orjson.loads(line[6:])
+            chunk = orjson.loads(data)
             if chunk.get("choices"):
                 first = first if first is not None else now - started
                 if text is None and chunk_text(chunk["choices"][0]):
@@ -100,14 +102,18 @@ def main() -> None:
     with ServerProcess("tailrace", command, f"http://127.0.0.1:{port}", log) as server, httpx.Client(timeout=600) as client:
         wait_ready([server], 600)
         url = f"{server.url}/v1/chat/completions"
+        load = LoadConfig(endpoint="chat", output_len=args.output_len)
+
+        def request(prompt: str) -> tuple[float, float | None, int]:
+            return one_request(client, url, request_body(load, "m", prompt))
+
         # Warm-up: the engine's first step at each thread count pays one-time costs (engine/threads.py).
-        warm = [one_request(client, url, prompt, args.output_len) for prompt in make_prompts(4, args.input_len, 10_000)]
+        warm = [request(prompt) for prompt in make_prompts(4, args.input_len, 10_000)]
         served_tokens = round(statistics.median(tokens for _, _, tokens in warm))
         for round_ in range(args.rounds):
             torch.set_num_threads(args.threads)
             bounds.append(matmul_bound(config, served_tokens, dtype))
-            results = [one_request(client, url, prompt, args.output_len)
-                       for prompt in make_prompts(args.requests, args.input_len, seed=round_)]
+            results = [request(prompt) for prompt in make_prompts(args.requests, args.input_len, seed=round_)]
             firsts.append([first for first, _, _ in results])
             texts.append([text for _, text, _ in results])
             tokens.extend(prompt_tokens for _, _, prompt_tokens in results)
