@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "vec.h"
 
 namespace {
@@ -41,6 +42,7 @@ constexpr int64_t kBlockPairs = kBlock / 2;
 constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
 constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
+constexpr int64_t kTakenFrom = 8;          // rows from which the threads take tiles as they go (see run)
 constexpr float kCodeMax = 32767.0f;
 
 enum class Scales { PerRow, Grouped, GroupedWithZero };
@@ -235,12 +237,14 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, T* y) {
     }
 }
 
-// The threads split the vectors that hold outputs, not whole tiles: a layer of 36 vectors (9 tiles)
-// is 18 and 18 on two threads, not 5 tiles and 4. Each output's arithmetic is the same either way.
+// From kTakenFrom rows the threads take a tile of vectors at a time (parallel.h). Below, they split
+// the vectors that hold outputs evenly, not whole tiles: a layer of 36 vectors (9 tiles) is 18 and
+// 18 on two threads, not 5 tiles and 4. Each output's arithmetic is the same either way.
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
-    at::parallel_for(0, used, 1, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
+    const int64_t chunk = p.M >= kTakenFrom ? kVectors : (used + at::get_num_threads() - 1) / at::get_num_threads();
+    tailrace::parallel_chunks(used, chunk, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
 }
 
 template <int Bits, typename T>

@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "vec.h"
 
 #include <cmath>
@@ -245,25 +246,23 @@ void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows
     // An item is a row's KV heads, all of them where there are rows enough (a position's K and V
     // rows hold every KV head side by side, and one task reading them all uses the lines it
     // loads), one otherwise, so a lone decode row still uses every thread; a head's arithmetic is
-    // the same either way. A prefill's later rows see more keys, so a thread's share is every
-    // threads-th item, not one run of them: contiguous halves measured 1:3 apart at 128 rows.
+    // the same either way. A prefill's later rows see more keys, so the threads take items one at
+    // a time (parallel.h), the last rows first: the longest go out while there are others left to
+    // even the threads out (contiguous halves measured 1:3 apart at 128 rows).
     const int64_t threads = at::get_num_threads(), num_rows = static_cast<int64_t>(rows.seq.size());
     const int64_t heads_per_item = num_rows >= kRowsPerThread * threads ? p.kv_heads : 1;
     const int64_t items_per_row = p.kv_heads / heads_per_item, items = num_rows * items_per_row;
-    const int64_t stride = std::min<int64_t>(items, threads);
     const int64_t group = p.heads / p.kv_heads;
-    at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores;
-        for (int64_t first = begin; first < end; ++first)
-            for (int64_t item = first; item < items; item += stride) {
-                const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
-                for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
-                    if (rows.seq[row] >= 0)
-                        attend_heads(p, row, kv_head, rows.seq[row], rows.last[row], scores);
-                    else
-                        std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
-                }
-            }
+    tailrace::parallel_chunks(items, 1, [&](int64_t taken, int64_t) {
+        thread_local std::vector<float> scores;
+        const int64_t item = items - 1 - taken;
+        const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
+        for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
+            if (rows.seq[row] >= 0)
+                attend_heads(p, row, kv_head, rows.seq[row], rows.last[row], scores);
+            else
+                std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
+        }
     });
 }
 
