@@ -91,10 +91,10 @@ def prefilled_cache(model, config, batch: int, context: int, steps: int,
 
 def decode_step_times(model, config, batch: int, context: int, steps: int,
                       paths: dict[str, object] | None = None) -> dict[str, list[float]]:
-    """Each decode step's time, per path: `paths` names the model's `fused_layers` to run with (its
+    """Each decode step's time, per path: `paths` names the model's `fused_forward` to run with (its
     own by default). Each step runs once on every path at the same position (each path writes the
     same K/V bits), the order rotating, so load on shared cores falls on every path alike."""
-    own = model.model.fused_layers
+    own = model.model.fused_forward
     paths = paths or {"": own}
     names = list(paths)
     cache, tables = prefilled_cache(model, config, batch, context, steps)
@@ -103,12 +103,12 @@ def decode_step_times(model, config, batch: int, context: int, steps: int,
         ids = [[5]] * batch
         for i in range(steps):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                model.model.fused_layers = paths[name]
+                model.model.fused_forward = paths[name]
                 start = time.perf_counter()
                 logits = forward_step(model, cache, tables, ids, context + i)
                 logits.argmax(dim=-1).tolist()
                 times[name].append(time.perf_counter() - start)
-    model.model.fused_layers = own
+    model.model.fused_forward = own
     return times
 
 
@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prefill", type=int, default=128, help="prompt tokens of the prefill measured (0: none)")
     parser.add_argument("--ab-fused", action="store_true",
-                        help="time each step on both paths: every layer in one call, and module by module")
+                        help="time each step on both paths: the whole forward in one call, and module by module")
     parser.add_argument("--out", default="bench/out/decode_step.json")
     args = parser.parse_args()
     bandwidth = read_bandwidth(args.threads)
@@ -195,9 +195,9 @@ def main() -> None:
     floor = weight_bytes / bandwidth
     paths = None
     if args.ab_fused:
-        if model.model.fused_layers is None:
+        if model.model.fused_forward is None:
             parser.error("--ab-fused: this model runs module by module only (see cpu_ops.fusable)")
-        paths = {"fused": model.model.fused_layers, "modules": None}
+        paths = {"fused": model.model.fused_forward, "modules": None}
     rows = []
     for batch in args.batch:
         for path, times in decode_step_times(model, config, batch, args.context, args.steps, paths).items():

@@ -1,4 +1,4 @@
-"""Every decoder layer in one kernel call (cpu_ops.FusedLayers, csrc/decoder.cpp) against the
+"""The whole forward in one kernel call (cpu_ops.FusedForward, csrc/decoder.cpp) against the
 per-module path it replaces: the same bits, hidden states and stored K/V, for prefills, decode
 rows and mixed batches, and the cases where it must not run."""
 
@@ -31,13 +31,14 @@ STEPS = [
 ]
 
 
-def random_model(model_type: str, seed: int = 0, quantization: str | None = None) -> LlamaForCausalLM:
+def random_model(model_type: str, seed: int = 0, quantization: str | None = None, tied: bool = False) -> LlamaForCausalLM:
     """A 3-layer bfloat16 model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
-    weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does."""
+    weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does.
+    Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
     config = parse_model_config({
         "model_type": model_type, "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-        "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
     })
     model = LlamaForCausalLM(config, torch.bfloat16)
     g = torch.Generator().manual_seed(seed)
@@ -76,20 +77,22 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     return model(torch.tensor(ids), torch.tensor(positions), batch, cache)
 
 
-@pytest.mark.parametrize("model_type, quantization", [
-    ("llama", None), ("qwen2", None), ("qwen3", None),
-    pytest.param("llama", "int8", marks=needs_int_kernel), pytest.param("qwen2", "int4", marks=needs_int_kernel),
+@pytest.mark.parametrize("model_type, quantization, tied", [
+    ("llama", None, False), ("qwen2", None, False), ("qwen3", None, False), ("llama", None, True),
+    pytest.param("llama", "int8", False, marks=needs_int_kernel),
+    pytest.param("qwen2", "int4", False, marks=needs_int_kernel), pytest.param("llama", "int4", True, marks=needs_int_kernel),
 ])
-def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization):
-    model = random_model(model_type, quantization=quantization)
-    fused = model.model.fused_layers
-    assert isinstance(fused, cpu_ops.FusedLayers)
+def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied):
+    model = random_model(model_type, quantization=quantization, tied=tied)
+    assert isinstance(model.model.embed_tokens, bf16_linear.PackedEmbedding) == (tied and quantization is None)
+    fused = model.model.fused_forward
+    assert isinstance(fused, cpu_ops.FusedForward)
     fused_cache, module_cache = new_cache(model), new_cache(model)
     for step in STEPS:
         got = run_step(model, fused_cache, step)
-        model.model.fused_layers = None
+        model.model.fused_forward = None
         expected = run_step(model, module_cache, step)
-        model.model.fused_layers = fused
+        model.model.fused_forward = fused
         assert torch.equal(got, expected)
         assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
 
@@ -109,12 +112,12 @@ def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
     model = random_model("llama")
     c = model.config
     slab = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16)
-    assert not cpu_ops.FusedLayers.takes(slab) and cpu_ops.FusedLayers.takes(new_cache(model))
+    assert not cpu_ops.FusedForward.takes(slab) and cpu_ops.FusedForward.takes(new_cache(model))
 
 
 def test_only_a_bfloat16_model_on_kernel_projections_is_fused():
     config = random_model("llama").config
     float32 = cpu_ops.prepare(LlamaForCausalLM(config, torch.float32), CPU, None)
-    assert float32.model.fused_layers is None
+    assert float32.model.fused_forward is None
     quantized = cpu_ops.prepare(LlamaForCausalLM(config, torch.bfloat16), CPU, "int8")  # projections left unpacked
-    assert quantized.model.fused_layers is None
+    assert quantized.model.fused_forward is None

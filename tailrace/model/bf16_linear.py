@@ -67,6 +67,7 @@ class PackedEmbedding(Module):
     def __init__(self, head: Bf16Linear) -> None:
         super().__init__()
         vectors, pairs, _ = head.packed.shape
+        self.packed = head.packed
         self._lanes = head.packed.view(vectors, pairs, _LANES, 2)
         self.width = 2 * pairs
 

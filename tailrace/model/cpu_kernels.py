@@ -9,8 +9,8 @@
   see cpu_ops.py.
 - `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows (AVX512), see
   engine/structured.py.
-- `DecoderLayers`: every decoder layer of a bfloat16 forward (bfloat16 or integer projections) in
-  one call to the kernels above, see cpu_ops.FusedLayers.
+- `DecoderForward`: a bfloat16 forward (bfloat16 or integer projections), token ids to the final
+  norm, in one call to the kernels above, see cpu_ops.FusedForward.
 
 Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's

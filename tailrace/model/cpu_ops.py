@@ -7,11 +7,12 @@ implementation's rounding points; bfloat16 results are bitwise the eager ones
 (tests/test_cpu_ops.py).
 
 With those and the packed projections in place, a step still made about ten calls a layer
-through Python modules and the dispatcher. `FusedLayers` (csrc/decoder.cpp) runs a bfloat16
-model's layers in one call to the same kernel functions, in the same order with the same
-rounding points, so it gives the per-module path's bits in any batch (tests/test_fused_forward.py)
-and the engine's exactness holds on either path; a batch-1 decode step of SmolLM2-135M's 30
-layers went from 14.7 to 11.6 ms (bench/RESULTS.md).
+through Python modules and the dispatcher. `FusedForward` (csrc/decoder.cpp) runs a bfloat16
+model's forward, from the embedding lookup through every layer to the final norm, in one call to
+the same kernel functions, in the same order with the same rounding points, so it gives the
+per-module path's bits in any batch (tests/test_fused_forward.py) and the engine's exactness holds
+on either path; a batch-1 decode step of SmolLM2-135M's 30 layers went from 14.7 to 11.6 ms
+(bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 import torch
 
 from tailrace.model.attention import AttentionBatch, KVCache
-from tailrace.model.bf16_linear import Bf16Linear
+from tailrace.model.bf16_linear import Bf16Linear, PackedEmbedding
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.int_linear import IntLinear
-from tailrace.model.llama import (MLP, Attention, DecoderLayer, LlamaForCausalLM, Module, RMSNorm,
+from tailrace.model.llama import (MLP, Attention, DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
                                   replace_modules)
 from tailrace.model.paged_attention import PagedKVCache
 
@@ -60,47 +61,58 @@ def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
     return model
 
 
-class FusedLayers:
-    """A model's decoder layers as one kernel call, for steps whose cache `takes` says it can use."""
+class FusedForward:
+    """A model's forward, token ids to the final norm, as one kernel call, for steps whose cache
+    `takes` says it can use."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         config = model.config
-        self._layers = kernels().DecoderLayers(config.hidden_size, config.num_attention_heads,
-                                               config.num_key_value_heads, config.head_dim, config.intermediate_size,
-                                               config.rms_norm_eps)
+        self._forward = kernels().DecoderForward(config.hidden_size, config.num_attention_heads,
+                                                 config.num_key_value_heads, config.head_dim,
+                                                 config.intermediate_size, config.rms_norm_eps)
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self._layers.add_layer(
+            self._forward.add_layer(
                 input_norm=layer.input_layernorm.weight, qkv=_buffers(attn.qkv_proj),
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight,
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight,
                 o=_buffers(attn.o_proj), post_norm=layer.post_attention_layernorm.weight,
                 gate_up=_buffers(mlp.gate_up_proj), down=_buffers(mlp.down_proj))
+        embed, rotary = model.model.embed_tokens, model.model.rotary
+        packed = isinstance(embed, PackedEmbedding)
+        self._forward.set_outer(embedding=embed.packed if packed else embed.weight, vocab=config.vocab_size,
+                                packed=packed, cos=rotary.cos, sin=rotary.sin, final_norm=model.model.norm.weight)
 
     @staticmethod
     def takes(cache: KVCache | PagedKVCache) -> bool:
         """Attention read from the pages by tailrace's kernel, at bfloat16."""
         return isinstance(cache, PagedKVCache) and cache.runs_native_kernel and cache.dtype == torch.bfloat16
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                  cache: PagedKVCache) -> torch.Tensor:
         meta = cache.step_metadata(batch)
-        return self._layers.forward(h, cos, sin, cache.k, cache.v, batch.slot_mapping, meta.query_start_loc,
-                                    meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale)
+        return self._forward.forward(input_ids, positions, cache.k, cache.v, batch.slot_mapping, meta.query_start_loc,
+                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale)
 
 
 def _buffers(projection: Bf16Linear | IntLinear) -> list[torch.Tensor | None]:
-    """A projection's weights as DecoderLayers.add_layer takes them."""
+    """A projection's weights as DecoderForward.add_layer takes them."""
     if isinstance(projection, Bf16Linear):
         return [projection.packed, projection.bias]
     return [projection.codes, projection.scales, projection.zeros, projection.bias]
 
 
 def fusable(model: LlamaForCausalLM) -> bool:
-    """bfloat16, and every layer on the kernels FusedLayers calls: packed or integer projections (a
-    bias on qkv only), kernel norms at the config's eps, the rotary and SiLU-and-multiply kernels."""
-    return model.dtype == torch.bfloat16 and all(_fusable_layer(layer, model.config.rms_norm_eps)
-                                                 for layer in model.model.layers)
+    """bfloat16, and every part on the kernels FusedForward calls: a plain or packed embedding,
+    packed or integer projections (a bias on qkv only), kernel norms at the config's eps, the rotary
+    and SiLU-and-multiply kernels."""
+    eps = model.config.rms_norm_eps
+    return (model.dtype == torch.bfloat16 and type(model.model.embed_tokens) in (Embedding, PackedEmbedding)
+            and _kernel_norm(model.model.norm, eps) and all(_fusable_layer(layer, eps) for layer in model.model.layers))
+
+
+def _kernel_norm(norm: Module, eps: float) -> bool:
+    return type(norm) is KernelRMSNorm and norm.eps == eps
 
 
 def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
@@ -110,18 +122,18 @@ def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
     if attn.q_norm is not None:
         norms += [attn.q_norm, attn.k_norm]
     return (all(type(p) in (Bf16Linear, IntLinear) for p in projections) and all(p.bias is None for p in projections[1:])
-            and all(type(n) is KernelRMSNorm and n.eps == eps for n in norms)
+            and all(_kernel_norm(n, eps) for n in norms)
             and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
 
 
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None) -> LlamaForCausalLM:
     """What a loaded model gets before it serves, where it helps on this device: projections packed
-    (unless quantized), then the elementwise kernels, then every layer in one call where the model
-    runs on nothing else."""
+    (unless quantized), then the elementwise kernels, then the whole forward in one call where the
+    model runs on nothing else."""
     if quantization is None and packable(model.dtype, device):
         pack_linears(model)
     if usable(model, device):
         use_cpu_kernels(model)
         if fusable(model):
-            model.model.fused_layers = FusedLayers(model)
+            model.model.fused_forward = FusedForward(model)
     return model

@@ -195,9 +195,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.rotary = Rotary(config)
-        # model/cpu_ops.py puts every layer in one kernel call here on CPU (FusedLayers), for the
-        # steps whose cache it `takes`
-        self.fused_layers = None
+        # model/cpu_ops.py puts the whole forward in one kernel call here on CPU (FusedForward), for
+        # the steps whose cache it `takes`
+        self.fused_forward = None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -220,14 +220,13 @@ class LlamaForCausalLM(nn.Module):
         cache: KVCache,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]; `cache.begin(batch)` first."""
+        fused = self.model.fused_forward
+        if fused is not None and fused.takes(cache):
+            return fused(input_ids, positions, batch, cache)
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary(positions)
-        fused = self.model.fused_layers
-        if fused is not None and fused.takes(cache):
-            h = fused(h, cos, sin, batch, cache)
-        else:
-            for layer in self.model.layers:
-                h = layer(h, cos, sin, batch, cache)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, batch, cache)
         return self.model.norm(h)
 
     @torch.inference_mode()

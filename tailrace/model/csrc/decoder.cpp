@@ -1,11 +1,13 @@
-// Every decoder layer of a bfloat16 Llama-family forward in one call from Python.
+// A bfloat16 Llama-family forward in one call from Python: token ids to the final norm's rows.
 //
 // The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
 // Here the same kernel functions (kernels.h) run on the same inputs in the same order with the
 // same rounding points, so every output has the bits the per-module path gives it, in any batch;
 // only the calls are gone. A batch-1 decode step of SmolLM2-135M's 30 layers took 14.7 ms module
-// by module and 11.6 ms this way (bench/RESULTS.md, seventh session).
+// by module and 11.6 ms this way (bench/RESULTS.md, seventh session). The embedding lookup, the
+// rotary tables' rows and the final norm came in later: after the weights have streamed through
+// the caches, each op's dispatch runs cold, 50-70 us apiece (bench/RESULTS.md, twelfth session).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -58,9 +60,9 @@ using Buffers = std::vector<c10::optional<torch::Tensor>>;
 
 const BF16* bf16(const torch::Tensor& t) { return t.data_ptr<BF16>(); }
 
-class DecoderLayers {
+class DecoderForward {
 public:
-    DecoderLayers(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+    DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
           eps_(static_cast<float>(eps)) {
         TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
@@ -85,30 +87,63 @@ public:
                     !layers_.back().down.bias.defined(), "only qkv_proj may have a bias");
     }
 
-    // h [T, hidden] -> h after every layer. cos/sin [T, 1, head_dim] float32; k/v pages
-    // [layers, slots, kv heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
-    torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
-                          const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
+    // The model's parts around the layers: the token embedding, a [vocab, hidden] table or, packed
+    // (a tied head as bf16_linear packs it), [vocab / 16, hidden / 2, 32] with row n at lane n % 16
+    // of vector n / 16 in pairs; the rotary tables [positions, head_dim] (float32, as
+    // llama.Rotary builds them); the final norm's weight.
+    void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const torch::Tensor& cos,
+                   const torch::Tensor& sin, const torch::Tensor& final_norm) {
+        TORCH_CHECK(embedding.scalar_type() == torch::kBFloat16 && embedding.is_contiguous(),
+                    "the embedding must be contiguous bfloat16");
+        if (packed)
+            check_packed(embedding, hidden_, vocab);
+        else
+            TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab && embedding.size(1) == hidden_,
+                        "the embedding table must be [", vocab, ", ", hidden_, "]");
+        for (const torch::Tensor* table : {&cos, &sin})
+            TORCH_CHECK(table->scalar_type() == torch::kFloat32 && table->is_contiguous() && table->dim() == 2 &&
+                        table->size(1) == dim_ && table->size(0) == cos.size(0),
+                        "the rotary tables must be contiguous float32 [positions, ", dim_, "]");
+        check_norm(final_norm, hidden_);
+        embedding_ = embedding;
+        vocab_ = vocab;
+        packed_embedding_ = packed;
+        cos_ = cos;
+        sin_ = sin;
+        final_norm_ = final_norm;
+    }
+
+    // ids, positions [T] int64 -> the final norm's rows [T, hidden]. k/v pages [layers, slots, kv
+    // heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
+    torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
+                          const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                           const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                           const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) const {
-        check_step(h, cos, sin, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
-        const int64_t T = h.size(0), slots = k_pages.size(1);
+        TORCH_CHECK(embedding_.defined(), "set_outer must come before forward");
+        check_step(ids, positions, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
+        const int64_t T = ids.size(0), slots = k_pages.size(1);
         const int64_t* slot = slot_mapping.data_ptr<int64_t>();
         for (int64_t t = 0; t < T; ++t)
             TORCH_CHECK(0 <= slot[t] && slot[t] < slots, "slot_mapping holds a slot outside the pages");
-        auto rows = [&](int64_t width) { return torch::empty({T, width}, h.options()); };
+        const torch::TensorOptions bf16_rows = k_pages.options();
+        auto rows = [&](int64_t width) { return torch::empty({T, width}, bf16_rows); };
+        const torch::Tensor cos = torch::empty({T, dim_}, cos_.options()), sin = torch::empty({T, dim_}, sin_.options());
+        torch::Tensor h = rows(hidden_);
+        gather(ids, positions, h, cos, sin);
         const int64_t qk_width = (heads_ + kv_heads_) * dim_;
         Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), k_pages.data_ptr<BF16>(), v_pages.data_ptr<BF16>(),
                   slots, slot, block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1),
                   block_size, static_cast<float>(scale),
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
-                  h.clone(at::MemoryFormat::Contiguous), rows(hidden_), rows(qkv_width()), rows(qk_width),
-                  rows(qk_width), rows(heads_ * dim_), rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
+                  h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
+                  rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
         for (size_t l = 0; l < layers_.size(); ++l) {
             attention(layers_[l], static_cast<int64_t>(l), step);
             feed_forward(layers_[l], step);
         }
-        return step.h;
+        torch::Tensor out = rows(hidden_);
+        tailrace::rms_norm_rows(bf16(h), bf16(final_norm_), out.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
+        return out;
     }
 
 private:
@@ -127,6 +162,31 @@ private:
     };
 
     int64_t qkv_width() const { return (heads_ + 2 * kv_heads_) * dim_; }
+
+    // Row t of h: token ids[t]'s embedding; of cos/sin: the tables' rows at positions[t].
+    void gather(const torch::Tensor& ids, const torch::Tensor& positions, torch::Tensor& h, const torch::Tensor& cos,
+                const torch::Tensor& sin) const {
+        const int64_t* id = ids.data_ptr<int64_t>();
+        const int64_t* position = positions.data_ptr<int64_t>();
+        const int64_t table_rows = cos_.size(0), pairs = hidden_ / 2;
+        for (int64_t t = 0; t < ids.size(0); ++t) {
+            TORCH_CHECK(0 <= id[t] && id[t] < vocab_, "token id ", id[t], " is outside the vocabulary of ", vocab_);
+            TORCH_CHECK(0 <= position[t] && position[t] < table_rows, "position ", position[t],
+                        " is past the rotary tables' ", table_rows);
+            BF16* row = h.data_ptr<BF16>() + t * hidden_;
+            if (packed_embedding_) {
+                // a pair of bfloat16 at a time: lane id % 16's pair kp of vector id / 16
+                const auto* vector = reinterpret_cast<const uint32_t*>(bf16(embedding_)) + id[t] / kLanes * pairs * kLanes;
+                auto* out = reinterpret_cast<uint32_t*>(row);
+                for (int64_t kp = 0; kp < pairs; ++kp)
+                    out[kp] = vector[kp * kLanes + id[t] % kLanes];
+            } else {
+                std::memcpy(row, bf16(embedding_) + id[t] * hidden_, hidden_ * sizeof(BF16));
+            }
+            std::memcpy(cos.data_ptr<float>() + t * dim_, cos_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
+            std::memcpy(sin.data_ptr<float>() + t * dim_, sin_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
+        }
+    }
 
     // h + o_proj(attention(rotary(q/k norms(qkv_proj(norm(h)))))), the step's K/V stored into layer l's pages
     void attention(const Layer& w, int64_t l, Step& s) const {
@@ -217,16 +277,15 @@ private:
                     ", ", in / 2, ", 32]");
     }
 
-    void check_step(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
-                    const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
+    void check_step(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
+                    const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                     const torch::Tensor& block_tables) const {
-        const int64_t T = h.size(0);
-        TORCH_CHECK(h.scalar_type() == torch::kBFloat16 && h.dim() == 2 && h.size(1) == hidden_,
-                    "h must be bfloat16 [T, ", hidden_, "]");
-        TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
-                    cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * dim_ && sin.numel() == T * dim_,
-                    "cos and sin must be contiguous float32 [T, 1, head_dim]");
+        TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 1 && ids.is_contiguous(),
+                    "ids must be contiguous int64 [T]");
+        const int64_t T = ids.size(0);
+        TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous() && positions.numel() == T,
+                    "positions must be contiguous int64 [T]");
         for (const torch::Tensor* pages : {&k_pages, &v_pages})
             TORCH_CHECK(pages->scalar_type() == torch::kBFloat16 && pages->is_contiguous() && pages->dim() == 4 &&
                         pages->size(0) >= static_cast<int64_t>(layers_.size()) && pages->size(2) == kv_heads_ &&
@@ -241,17 +300,22 @@ private:
     int64_t hidden_, heads_, kv_heads_, dim_, intermediate_;
     float eps_;
     std::vector<Layer> layers_;
+    torch::Tensor embedding_, cos_, sin_, final_norm_;  // set_outer's
+    int64_t vocab_ = 0;
+    bool packed_embedding_ = false;
 };
 
 }  // namespace
 
 void register_decoder(pybind11::module& m) {
     namespace py = pybind11;
-    py::class_<DecoderLayers>(m, "DecoderLayers", "every decoder layer of a bfloat16 Llama-family model in one call")
+    py::class_<DecoderForward>(m, "DecoderForward", "a bfloat16 Llama-family forward, token ids to the final norm, in one call")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
              py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-        .def("add_layer", &DecoderLayers::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
+        .def("add_layer", &DecoderForward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
              py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"))
-        .def("forward", &DecoderLayers::forward, py::call_guard<py::gil_scoped_release>(),
-             "h [T, hidden] -> h after every layer, the step's K/V stored into the pages");
+        .def("set_outer", &DecoderForward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
+             py::arg("cos"), py::arg("sin"), py::arg("final_norm"))
+        .def("forward", &DecoderForward::forward, py::call_guard<py::gil_scoped_release>(),
+             "ids, positions [T] -> the final norm's rows [T, hidden], the step's K/V stored into the pages");
 }
