@@ -157,6 +157,11 @@ def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximal index (its first NaN where it has one). On CPU the kernel's pass
+    over the row took a few us where torch's reduction took 51 (180 right after a step's weights
+    had streamed through the caches), for one row of 49k logits."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and (ops := kernels()) is not None:
+        return ops.greedy_tokens(logits)
     # max(dim) returns the first maximal index like argmax, and measured ~2.5x faster on CPU.
     return logits.max(dim=1).indices
 

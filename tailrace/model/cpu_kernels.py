@@ -9,6 +9,8 @@
   see cpu_ops.py.
 - `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows (AVX512), see
   engine/structured.py.
+- `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it (AVX512),
+  see engine/sampler.py.
 - `DecoderForward`: a bfloat16 forward (bfloat16 or integer projections), token ids to the final
   norm, in one call to the kernels above, see cpu_ops.FusedForward.
 
@@ -34,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
-                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp")]
+                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp")]
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
           "-mamx-bf16"]
 

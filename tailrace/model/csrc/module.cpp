@@ -8,6 +8,7 @@ void register_elementwise(pybind11::module& m);
 void register_decoder(pybind11::module& m);
 void register_int_linear(pybind11::module& m);
 void register_token_mask(pybind11::module& m);
+void register_greedy(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
@@ -16,4 +17,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_decoder(m);
     register_int_linear(m);
     register_token_mask(m);
+    register_greedy(m);
 }
