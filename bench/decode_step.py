@@ -5,8 +5,9 @@
 The floor is the bytes of weights a decode step must read (every linear layer and the LM head;
 the embedding lookup reads one row) divided by the read bandwidth measured here, on the same
 threads, by summing a buffer larger than the caches. The step is the model's forward plus
-logits for B sequences at a context of --context tokens, through the engine's own KV cache, with
-dummy weights (load_format dummy: only config.json is needed). Prints a table, writes JSON.
+logits for B sequences at a context of --context tokens, through the engine's own KV cache, and
+the sampler's greedy pick, with dummy weights (load_format dummy: only config.json is needed).
+Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
+from tailrace.engine.sampler import greedy_tokens
 from tailrace.model import cpu_ops
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.cpu_linear import PackedLinear, packable
@@ -105,8 +107,7 @@ def decode_step_times(model, config, batch: int, context: int, steps: int,
             for name in names[i % len(names):] + names[:i % len(names)]:
                 model.model.fused_forward = paths[name]
                 start = time.perf_counter()
-                logits = forward_step(model, cache, tables, ids, context + i)
-                logits.argmax(dim=-1).tolist()
+                greedy_tokens(forward_step(model, cache, tables, ids, context + i)).tolist()
                 times[name].append(time.perf_counter() - start)
     model.model.fused_forward = own
     return times
@@ -143,7 +144,7 @@ def prefill_time(model, config, tokens: int, repeats: int = 5) -> float:
         for _ in range(repeats + 1):
             cache, table = sequence_cache(model, config, tokens)
             start = time.perf_counter()
-            forward_step(model, cache, [table], [list(range(3, 3 + tokens))], 0).argmax(dim=-1).tolist()
+            greedy_tokens(forward_step(model, cache, [table], [list(range(3, 3 + tokens))], 0)).tolist()
             best = min(best, time.perf_counter() - start)
     return best
 

@@ -120,12 +120,12 @@ def start_sample(
     greedy = [i for i, row in enumerate(rows) if row.params.greedy]
     random = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not random:
-        tokens = _argmax(penalised)
+        tokens = greedy_tokens(penalised)
     elif not greedy:
         tokens = _sample_random(penalised, rows, shared_generator)
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        tokens[to_device(greedy, logits.device)] = _argmax(take_rows(penalised, greedy))
+        tokens[to_device(greedy, logits.device)] = greedy_tokens(take_rows(penalised, greedy))
         picked = [rows[i] for i in random]
         tokens[to_device(random, logits.device)] = _sample_random(take_rows(penalised, random), picked,
                                                                   shared_generator)
@@ -156,7 +156,7 @@ def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t[to_device(rows, t.device)]
 
 
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Each row's first maximal index (its first NaN where it has one). On CPU the kernel's pass
     over the row took a few us where torch's reduction took 51 (180 right after a step's weights
     had streamed through the caches), for one row of 49k logits."""
@@ -277,7 +277,7 @@ def _fall_back_where_all_masked(penalised: torch.Tensor, raw: torch.Tensor) -> N
         return
     index = dead.nonzero().squeeze(1)
     fallback = torch.full_like(penalised[index], float("-inf"))
-    fallback.scatter_(1, _argmax(raw[index]).unsqueeze(1), 0.0)
+    fallback.scatter_(1, greedy_tokens(raw[index]).unsqueeze(1), 0.0)
     penalised[index] = fallback
 
 
