@@ -129,6 +129,9 @@ class PagedKVCache:
         self._meta_device = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._meta_host = torch.zeros(size, dtype=torch.int32, pin_memory=True) if on_cuda else self._meta_device
         self._host_views = [t.numpy() for t in self._split(self._meta_host)]  # written per step without tensors
+        # The device side's views, made once: three fewer ops in every step, each run cold after the
+        # last step's weights went through the caches (bench/RESULTS.md, twelfth session).
+        self._device_views = self._split(self._meta_device)
         self._copied = torch.cuda.Event() if on_cuda else None
         self._batch: AttentionBatch | None = None
         self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
@@ -145,7 +148,7 @@ class PagedKVCache:
         if self._copied is not None:
             self._meta_device[:used].copy_(self._meta_host[:used], non_blocking=True)
             self._copied.record()
-        loc, lens, tables = self._split(self._meta_device)
+        loc, lens, tables = self._device_views
         max_query_len = max((seq.q_len for seq in seqs), default=0)
         self.metadata = PagedAttentionMetadata(loc, lens, tables, self.block_size, max_query_len, len(seqs))
         self._batch = batch
