@@ -36,7 +36,6 @@ using tailrace::lanes;
 constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take 12 x 2 tiles (see bf16_linear)
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
 constexpr int64_t kWidenGrain = 1024;  // vectors of x a thread widens at least (16k values)
-constexpr int64_t kTakenFrom = 8;    // rows from which the threads take groups of vectors as they go
 
 struct Problem {
     const uint16_t* x;   // [M][K]
@@ -214,12 +213,7 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     // on SmolLM2's projections, 2 threads: 5-14% faster at 32 and 128 rows, 2-4% at 8; 8 x 2
     // tiles gained 1-3%, 16 x 1 lost 40% (bench/RESULTS.md, tenth session).
     const bool wide = !native && p.M >= kWideFrom;
-    // From kTakenFrom rows the threads take a group of vectors at a time (parallel.h): a 138-token
-    // prefill 12% faster in a same-process A/B (bench/RESULTS.md, twelfth session). Below, the
-    // threads split the vectors evenly, not whole groups: 36 vectors (9 groups) are 18 and 18 on
-    // two threads, not 5 groups and 4.
-    const int64_t chunk = p.M >= kTakenFrom ? (wide ? 2 : 4) : (p.NV + at::get_num_threads() - 1) / at::get_num_threads();
-    tailrace::parallel_chunks(p.NV, chunk, [&](int64_t v0, int64_t v1) {
+    tailrace::parallel_vectors(p.NV, wide ? 2 : 4, p.M, [&](int64_t v0, int64_t v1) {
         if (native)
             run_groups<Native, 4, 4>(p, v0, v1);
         else if (wide)

@@ -42,7 +42,6 @@ constexpr int64_t kBlockPairs = kBlock / 2;
 constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
 constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
-constexpr int64_t kTakenFrom = 8;          // rows from which the threads take tiles as they go (see run)
 constexpr float kCodeMax = 32767.0f;
 
 enum class Scales { PerRow, Grouped, GroupedWithZero };
@@ -237,14 +236,12 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, T* y) {
     }
 }
 
-// From kTakenFrom rows the threads take a tile of vectors at a time (parallel.h). Below, they split
-// the vectors that hold outputs evenly, not whole tiles: a layer of 36 vectors (9 tiles) is 18 and
-// 18 on two threads, not 5 tiles and 4. Each output's arithmetic is the same either way.
+// The vectors that hold outputs, split over the threads as parallel.h splits a projection's. Each
+// output's arithmetic is the same whichever thread computes it.
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
-    const int64_t chunk = p.M >= kTakenFrom ? kVectors : (used + at::get_num_threads() - 1) / at::get_num_threads();
-    tailrace::parallel_chunks(used, chunk, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
+    tailrace::parallel_vectors(used, kVectors, p.M, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
 }
 
 template <int Bits, typename T>

@@ -23,4 +23,17 @@ void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
     });
 }
 
+// The projections' split of n output vectors for a product of `rows` rows: from kTakenFrom rows,
+// groups of `group` vectors (a tile's width) taken as above, a 138-token prefill 9-12% faster
+// (bench/RESULTS.md, twelfth session); below, where a step is one streaming pass over the weights,
+// one even share a thread, not whole groups: 36 vectors in groups of 4 are 18 and 18 on two threads,
+// not 5 groups and 4.
+constexpr int64_t kTakenFrom = 8;
+
+template <typename F>
+void parallel_vectors(int64_t n, int64_t group, int64_t rows, const F& fn) {
+    const int64_t threads = at::get_num_threads();
+    parallel_chunks(n, rows >= kTakenFrom ? group : (n + threads - 1) / threads, fn);
+}
+
 }  // namespace tailrace
