@@ -18,6 +18,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
@@ -36,11 +37,11 @@ _BANDWIDTH_BYTES = 1 << 30
 
 
 def load_as_engine(model_dir: str, dtype: str = "float32", quantization: str | None = None,
-                   load_format: str = "auto", pack: bool = True):
+                   load_format: str = "auto", pack: bool = True, huge_pages: bool = True):
     """The model as the engine's model runner prepares it on the CPU: loaded, quantized or packed,
-    and with tailrace's elementwise kernels where they run."""
+    its weights on huge pages, and with tailrace's elementwise kernels where they run."""
     model, config = load_model(model_dir, dtype=dtype, load_format=load_format, quantization=quantization)
-    return cpu_ops.prepare(model, torch.device("cpu"), quantization) if pack else model, config
+    return cpu_ops.prepare(model, torch.device("cpu"), quantization, huge_pages) if pack else model, config
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
@@ -92,12 +93,12 @@ def prefilled_cache(model, config, batch: int, context: int, steps: int,
 
 
 def decode_step_times(model, config, batch: int, context: int, steps: int,
-                      paths: dict[str, object] | None = None) -> dict[str, list[float]]:
-    """Each decode step's time, per path: `paths` names the model's `fused_forward` to run with (its
-    own by default). Each step runs once on every path at the same position (each path writes the
-    same K/V bits), the order rotating, so load on shared cores falls on every path alike."""
-    own = model.model.fused_forward
-    paths = paths or {"": own}
+                      paths: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
+    """Each decode step's time, per path: `paths` names a function that sets the model up for that
+    path (the model as it is by default). Each step runs once on every path at the same position
+    (each path writes the same K/V bits), the order rotating, so load on shared cores falls on
+    every path alike. The model is left on the first path."""
+    paths = paths or {"": lambda: None}
     names = list(paths)
     cache, tables = prefilled_cache(model, config, batch, context, steps)
     times = {name: [] for name in names}
@@ -105,12 +106,22 @@ def decode_step_times(model, config, batch: int, context: int, steps: int,
         ids = [[5]] * batch
         for i in range(steps):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                model.model.fused_forward = paths[name]
+                paths[name]()
                 start = time.perf_counter()
                 greedy_tokens(forward_step(model, cache, tables, ids, context + i)).tolist()
                 times[name].append(time.perf_counter() - start)
-    model.model.fused_forward = own
+    paths[names[0]]()
     return times
+
+
+def _with_forward(model, forward, head=None, buffers: dict | None = None) -> Callable[[], None]:
+    """A path of decode_step_times: this fused forward (None: module by module), and these buffers
+    in the head."""
+    def use() -> None:
+        model.model.fused_forward = forward
+        if head is not None:
+            head._buffers.update(buffers)
+    return use
 
 
 def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list[int]], past: int) -> torch.Tensor:
@@ -188,17 +199,34 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=128, help="prompt tokens of the prefill measured (0: none)")
     parser.add_argument("--ab-fused", action="store_true",
                         help="time each step on both paths: the whole forward in one call, and module by module")
+    parser.add_argument("--ab-huge-pages", action="store_true",
+                        help="time each step on both copies of the weights: gathered onto huge pages (the "
+                             "engine's), and where packing left them")
     parser.add_argument("--out", default="bench/out/decode_step.json")
     args = parser.parse_args()
+    if args.ab_fused and args.ab_huge_pages:
+        parser.error("one A/B at a time")
     bandwidth = read_bandwidth(args.threads)
-    model, config = load_as_engine(args.model, args.dtype, args.quantization, "dummy", pack=not args.no_pack)
+    model, config = load_as_engine(args.model, args.dtype, args.quantization, "dummy", pack=not args.no_pack,
+                                   huge_pages=not args.ab_huge_pages)
     weight_bytes = streamed_weight_bytes(model)
     floor = weight_bytes / bandwidth
     paths = None
+    if (args.ab_fused or args.ab_huge_pages) and model.model.fused_forward is None:
+        parser.error("the A/B paths are whole-forward calls: this model runs module by module only (see "
+                     "cpu_ops.fusable)")
     if args.ab_fused:
-        if model.model.fused_forward is None:
-            parser.error("--ab-fused: this model runs module by module only (see cpu_ops.fusable)")
-        paths = {"fused": model.model.fused_forward, "modules": None}
+        paths = {"fused": _with_forward(model, model.model.fused_forward), "modules": _with_forward(model, None)}
+    if args.ab_huge_pages:
+        # The forward made before the move keeps the weights where packing put them, and the head
+        # its buffers as they were; after the move, both read the copy on huge pages.
+        head = model.lm_head  # None: a head that reads the embedding table, not moved
+        buffers = (lambda: {}) if head is None else (lambda: dict(head._buffers))
+        scattered = model.model.fused_forward, buffers()
+        cpu_ops.gather_weights(model)
+        huge = cpu_ops.FusedForward(model), buffers()
+        paths = {name: _with_forward(model, forward, head, buffers)
+                 for name, (forward, buffers) in (("huge", huge), ("scattered", scattered))}
     rows = []
     for batch in args.batch:
         for path, times in decode_step_times(model, config, batch, args.context, args.steps, paths).items():

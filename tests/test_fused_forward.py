@@ -31,7 +31,8 @@ STEPS = [
 ]
 
 
-def random_model(model_type: str, seed: int = 0, quantization: str | None = None, tied: bool = False) -> LlamaForCausalLM:
+def random_model(model_type: str, seed: int = 0, quantization: str | None = None, tied: bool = False,
+                 huge_pages: bool = True) -> LlamaForCausalLM:
     """A 3-layer bfloat16 model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
     weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does.
     Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
@@ -52,7 +53,7 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
                 param.copy_(torch.randn(param.shape, generator=g) * 0.06)
     if quantization is not None:
         quantize_model(model, quantization)
-    return cpu_ops.prepare(model, CPU, quantization)
+    return cpu_ops.prepare(model, CPU, quantization, huge_pages)
 
 
 def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
@@ -95,6 +96,28 @@ def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches
         model.model.fused_forward = fused
         assert torch.equal(got, expected)
         assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
+
+
+@pytest.mark.parametrize("quantization, tied", [(None, True), pytest.param("int4", False, marks=needs_int_kernel)])
+def test_weights_gathered_onto_huge_pages_in_reading_order_change_no_bit(quantization, tied):
+    gathered = random_model("llama", quantization=quantization, tied=tied)
+    scattered = random_model("llama", quantization=quantization, tied=tied, huge_pages=False)
+    projections = [m for m in gathered.modules() if isinstance(m, (bf16_linear.Bf16Linear, int_linear.IntLinear))]
+    assert projections[-1] is gathered.lm_head and len(projections) == 4 * 3 + 1
+    weights = [t for m in projections for t in ([m.packed] if quantization is None else [m.codes, m.scales, m.zeros])]
+    assert len({t.untyped_storage().data_ptr() for t in weights}) == 1
+    assert [t.data_ptr() for t in weights] == sorted(t.data_ptr() for t in weights)
+    if tied:
+        assert gathered.model.embed_tokens.packed is gathered.lm_head.packed
+    caches = {model: new_cache(model) for model in (gathered, scattered)}
+    for step in STEPS:
+        got, expected = (run_step(model, cache, step) for model, cache in caches.items())
+        assert torch.equal(got, expected)
+        assert torch.equal(gathered.compute_logits(got), scattered.compute_logits(expected))
+    for model in caches:  # the per-module path reads the same moved buffers
+        model.model.fused_forward = None
+    got, expected = (run_step(model, cache, [(0, 23, 1), (3, 23, 1)]) for model, cache in caches.items())
+    assert torch.equal(got, expected)
 
 
 def test_a_decode_row_has_the_same_bits_alone_and_in_a_mixed_batch():

@@ -23,6 +23,7 @@ from tailrace.model.attention import AttentionBatch, KVCache
 from tailrace.model.bf16_linear import Bf16Linear, PackedEmbedding
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
+from tailrace.model.huge_pages import Arena
 from tailrace.model.int_linear import IntLinear
 from tailrace.model.llama import (MLP, Attention, DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
                                   replace_modules)
@@ -126,12 +127,35 @@ def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
             and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
 
 
-def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None) -> LlamaForCausalLM:
+# The buffers of the projections tailrace's kernels read (a Bf16Linear's bias is added, not streamed).
+_STREAMED = {Bf16Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
+
+
+def gather_weights(model: LlamaForCausalLM) -> None:
+    """Every Bf16Linear's and IntLinear's weights moved, in the order a step reads them (the
+    modules' order: layer by layer, then the head), into one arena on huge pages (huge_pages.py).
+    Only the addresses change."""
+    slots = [(module, name) for module in model.modules() if type(module) in _STREAMED
+             for name in _STREAMED[type(module)] if getattr(module, name) is not None]
+    if not slots:
+        return
+    arena = Arena(Arena.size_of([getattr(module, name) for module, name in slots]))
+    for module, name in slots:
+        setattr(module, name, arena.take(getattr(module, name)))  # the old copy goes as it is replaced
+    if isinstance(model.model.embed_tokens, PackedEmbedding):
+        model.model.embed_tokens = PackedEmbedding(model.lm_head)  # its lookups read the head's moved table
+
+
+def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
+            huge_pages: bool = True) -> LlamaForCausalLM:
     """What a loaded model gets before it serves, where it helps on this device: projections packed
-    (unless quantized), then the elementwise kernels, then the whole forward in one call where the
-    model runs on nothing else."""
+    (unless quantized) and gathered onto huge pages, then the elementwise kernels, then the whole
+    forward in one call where the model runs on nothing else. `huge_pages` off leaves the weights
+    where packing put them (bench/decode_step.py's baseline)."""
     if quantization is None and packable(model.dtype, device):
         pack_linears(model)
+    if device.type == "cpu" and huge_pages:
+        gather_weights(model)
     if usable(model, device):
         use_cpu_kernels(model)
         if fusable(model):
