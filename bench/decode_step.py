@@ -221,10 +221,10 @@ def main() -> None:
         # The forward made before the move keeps the weights where packing put them, and the head
         # its buffers as they were; after the move, both read the copy on huge pages.
         head = model.lm_head  # None: a head that reads the embedding table, not moved
-        buffers = (lambda: {}) if head is None else (lambda: dict(head._buffers))
-        scattered = model.model.fused_forward, buffers()
+        head_buffers = (lambda: {}) if head is None else (lambda: dict(head._buffers))
+        scattered = model.model.fused_forward, head_buffers()
         cpu_ops.gather_weights(model)
-        huge = cpu_ops.FusedForward(model), buffers()
+        huge = cpu_ops.FusedForward(model), head_buffers()
         paths = {name: _with_forward(model, forward, head, buffers)
                  for name, (forward, buffers) in (("huge", huge), ("scattered", scattered))}
     rows = []
