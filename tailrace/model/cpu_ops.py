@@ -96,11 +96,13 @@ class FusedForward:
                                      meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale)
 
 
+# The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
+_STREAMED = {Bf16Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
+
+
 def _buffers(projection: Bf16Linear | IntLinear) -> list[torch.Tensor | None]:
-    """A projection's weights as DecoderForward.add_layer takes them."""
-    if isinstance(projection, Bf16Linear):
-        return [projection.packed, projection.bias]
-    return [projection.codes, projection.scales, projection.zeros, projection.bias]
+    """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias."""
+    return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]
 
 
 def fusable(model: LlamaForCausalLM) -> bool:
@@ -122,13 +124,9 @@ def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if attn.q_norm is not None:
         norms += [attn.q_norm, attn.k_norm]
-    return (all(type(p) in (Bf16Linear, IntLinear) for p in projections) and all(p.bias is None for p in projections[1:])
+    return (all(type(p) in _STREAMED for p in projections) and all(p.bias is None for p in projections[1:])
             and all(_kernel_norm(n, eps) for n in norms)
             and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
-
-
-# The buffers of the projections tailrace's kernels read (a Bf16Linear's bias is added, not streamed).
-_STREAMED = {Bf16Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
 
 
 def gather_weights(model: LlamaForCausalLM) -> None:
