@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace.model import int_linear
+from tailrace.model.cpu_kernels import kernels
 from tailrace.model.int_linear import BLOCK, IntLinear, pack_codes, pack_scales
 from tailrace.model.loader import load_model
 
@@ -42,11 +43,13 @@ def test_int4_codes_pack_two_pairs_to_a_byte():
     assert byte >> 4 == codes[lane, 2 * (2 * run + 1) + element]
 
 
-def test_scales_pack_lanes_last_in_float16():
-    scales = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+def test_scales_pack_a_tiles_vectors_side_by_side_lanes_last_in_float16():
+    scales = torch.arange(70 * 3, dtype=torch.float32).view(70, 3)
     packed = pack_scales(scales)
-    assert packed.shape == (4, 3, 16) and packed.dtype == torch.float16
-    assert packed[1, 2, 3] == scales[19, 2]
+    assert packed.shape == (2, 3, 4, 16) and packed.dtype == torch.float16
+    assert packed[0, 2, 1, 3] == scales[19, 2]  # vector 1 of tile 0, group 2, lane 3
+    assert packed[1, 0, 0, 5] == scales[69, 0]  # vector 4 is tile 1's first
+    assert packed[1, 1, 0, 6] == 0 and packed[1, 1, 3, 15] == 0  # padding to whole tiles
 
 
 def _activation_codes(x: torch.Tensor) -> torch.Tensor:
@@ -140,6 +143,9 @@ def test_bad_shapes_are_refused():
         layer(torch.randn(1, 3 * BLOCK))
     with pytest.raises(RuntimeError, match="blocks of 32"):
         layer(torch.randn(1, 2 * BLOCK + 2))
+    vector_by_vector = layer.scales.permute(0, 2, 1, 3).reshape(-1, 1, 16)  # the layout before tiles
+    with pytest.raises(RuntimeError, match=r"scales must be float16 \[NV / 4"):
+        kernels().int_linear(torch.randn(1, 2 * BLOCK), layer.codes, vector_by_vector, None, None, 16)
 
 
 @needs_kernel

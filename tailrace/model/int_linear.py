@@ -49,9 +49,11 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
 
 
 def pack_scales(values: torch.Tensor) -> torch.Tensor:
-    """[N, G] -> [NV, G, 16] float16: output n at lane n % 16 of vector n // 16, zero-padded to whole tiles."""
+    """[N, G] -> [NV / 4, G, 4, 16] float16: output n at lane n % 16 of vector n // 16, a tile's 4
+    vectors side by side group by group (one run a tile reads), zero-padded to whole tiles."""
     rows = padded(values.to(torch.float16), _vectors(values.shape[0]) * _LANES)
-    return rows.view(-1, _LANES, values.shape[1]).transpose(1, 2).contiguous()
+    tiles = rows.view(-1, _TILE_VECTORS, _LANES, values.shape[1])
+    return tiles.permute(0, 3, 1, 2).contiguous()
 
 
 class IntLinear(Module):

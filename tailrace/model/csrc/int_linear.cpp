@@ -17,7 +17,8 @@
 // padded to a multiple of kVectors; int8 codes [NV][K/2][32] as bf16_linear packs its weights (the
 // pair (k, k+1) of output lane l at bytes 2l, 2l+1); int4 codes [NV][K/4][32] bytes, the low nibble
 // of byte b holding byte b of pair 2p's vector and the high nibble that of pair 2p + 1; d and z
-// [NV][G][16] with G = 1 (per row) or K / 32.
+// [NV / 4][G][4][16] with G = 1 (per row) or K / 32: a tile's 4 vectors side by side, group by
+// group, so that a tile reads its scales as one run (see scale_at).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -117,6 +118,14 @@ inline void load_codes(const uint8_t* at, __m512i* out) {
 // at one row, bench/RESULTS.md, tenth session).
 constexpr int64_t kPrefetch = 1024;
 
+// Where vector v's 16 scales (or zeros) of group b start. A tile's scales in one run, prefetched
+// 4 groups ahead, read a one-row int4 step 7-8% faster than 8 runs of 9-48 lines each (a vector's
+// d and z apart), too short for the hardware to prefetch (bench/RESULTS.md, fourteenth session).
+inline int64_t scale_at(const Problem& p, int64_t v, int64_t b) {
+    return (((v / kVectors) * p.G + b) * kVectors + v % kVectors) * kLanes;
+}
+constexpr int64_t kScalePrefetch = 4;
+
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
@@ -158,10 +167,15 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
         }
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
-            if constexpr (S != Scales::PerRow)
-                d = half16(p.d + ((v0 + j) * p.G + b) * kLanes);
-            if constexpr (S == Scales::GroupedWithZero)
-                z = half16(p.z + ((v0 + j) * p.G + b) * kLanes);
+            if constexpr (S != Scales::PerRow) {
+                const int64_t at = scale_at(p, v0 + j, b), ahead = scale_at(p, v0 + j, b + kScalePrefetch);
+                d = half16(p.d + at);
+                _mm_prefetch(reinterpret_cast<const char*>(p.d + ahead), _MM_HINT_T0);
+                if constexpr (S == Scales::GroupedWithZero) {
+                    z = half16(p.z + at);
+                    _mm_prefetch(reinterpret_cast<const char*>(p.z + ahead), _MM_HINT_T0);
+                }
+            }
             for (int i = 0; i < MT; ++i) {
                 const __m512 f = _mm512_cvtepi32_ps(isum[i][j]);
                 const __m512 s = _mm512_set1_ps(x_scale[i * p.KB + b]);
@@ -205,7 +219,7 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
     for (int j = 0; j < nt; ++j) {
         const int64_t n0 = (v0 + j) * kLanes;
         const __mmask16 mask = lanes(p.N - n0);
-        const __m512 d = half16(p.d + (v0 + j) * p.G * kLanes);
+        const __m512 d = half16(p.d + scale_at(p, v0 + j, 0));
         const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
         for (int i = 0; i < mt; ++i) {
             __m512 out = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
@@ -298,9 +312,9 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
                 "codes must be [NV, K / (16 / bits), 32] with NV a multiple of ", kVectors);
     TORCH_CHECK(codes.size(1) == K / 2 / (8 / bits), "input width ", K, " does not match the codes");
     const int64_t NV = codes.size(0), G = d.size(1);
-    TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 3 && d.size(0) == NV && d.size(2) == kLanes &&
-                    d.is_contiguous() && (G == 1 || G == K / kBlock),
-                "scales must be float16 [NV, 1 or K / 32, 16]");
+    TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 4 && d.size(0) * kVectors == NV &&
+                    d.size(2) == kVectors && d.size(3) == kLanes && d.is_contiguous() && (G == 1 || G == K / kBlock),
+                "scales must be float16 [NV / 4, 1 or K / 32, 4, 16]");
     TORCH_CHECK(!z.defined() || (G == K / kBlock && z.sizes() == d.sizes() && z.scalar_type() == torch::kHalf &&
                                  z.is_contiguous()),
                 "zero points go with grouped scales, in their shape and type");
