@@ -165,10 +165,15 @@ def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> f
     and oneDNN over packed weights) for `tokens` rows, and the head for one row. At a lower
     precision float32's matmuls are candidates too: without AVX512-BF16 or AMX, oneDNN emulates
     bfloat16 several times slower than float32, which would make a bound anything beats."""
+    return sum(count * best for _, count, best in bound_matmuls(config, tokens, dtype, repeats))
+
+
+def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> list[tuple[Callable[[], object], int, float]]:
+    """matmul_bound's parts: for each shape, (its fastest matmul, how many a prefill runs, its best time)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     shapes = [(q + 2 * kv, hidden), (hidden, q), (2 * inter, hidden), (hidden, inter)]
-    total = 0.0
+    parts = []
     for (out_features, in_features), rows, count in [*((s, tokens, config.num_hidden_layers) for s in shapes),
                                                      ((config.vocab_size, hidden), 1, 1)]:
         candidates = []
@@ -177,8 +182,14 @@ def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> f
             candidates.append(lambda weight=weight, x=x: F.linear(x, weight))
             if packable(kind, torch.device("cpu")):
                 candidates.append(lambda packed=PackedLinear(weight, None), x=x: packed(x))
-        total += count * min(_best_of(fn, repeats) for fn in candidates)
-    return total
+        best, fn = min(((_best_of(fn, repeats), fn) for fn in candidates), key=lambda pair: pair[0])
+        parts.append((fn, count, best))
+    return parts
+
+
+def bound_pass(parts: list[tuple[Callable[[], object], int, float]]) -> float:
+    """One timed pass of the bound's fastest matmuls, each as many times as a prefill runs it."""
+    return sum(sum(_timed(fn) for _ in range(count)) for fn, count, _ in parts)
 
 
 def _best_of(fn, repeats: int) -> float:
