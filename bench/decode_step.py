@@ -168,7 +168,11 @@ def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> f
     return sum(count * best for _, count, best in bound_matmuls(config, tokens, dtype, repeats))
 
 
-def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> list[tuple[Callable[[], object], int, float]]:
+# One shape of the bound: its fastest matmul, how many a prefill runs, its best time.
+BoundPart = tuple[Callable[[], object], int, float]
+
+
+def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> list[BoundPart]:
     """matmul_bound's parts: for each shape, (its fastest matmul, how many a prefill runs, its best time)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
@@ -187,7 +191,7 @@ def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> 
     return parts
 
 
-def bound_pass(parts: list[tuple[Callable[[], object], int, float]]) -> float:
+def bound_pass(parts: list[BoundPart]) -> float:
     """One timed pass of the bound's fastest matmuls, each as many times as a prefill runs it."""
     return sum(sum(_timed(fn) for _ in range(count)) for fn, count, _ in parts)
 

@@ -123,15 +123,15 @@ def main() -> None:
             torch.set_num_threads(args.threads)
             parts = bound_matmuls(config, served_tokens, dtype)
             bounds.append(sum(count * best for _, count, best in parts))
-            results, passes_ = [], []
+            results, round_passes = [], []
             for prompt in make_prompts(args.requests, args.input_len, seed=round_):
                 # Each side's threads spin for some milliseconds after their work (libgomp's
                 # default); a pause keeps them out of the other's time.
                 time.sleep(_SETTLE_S)
-                passes_.append(bound_pass(parts))
+                round_passes.append(bound_pass(parts))
                 time.sleep(_SETTLE_S)
                 results.append(request(prompt))
-            passes.append(passes_)
+            passes.append(round_passes)
             firsts.append([first for first, _, _ in results])
             texts.append([text for _, text, _ in results])
             tokens.extend(prompt_tokens for _, _, prompt_tokens in results)
@@ -160,8 +160,8 @@ def main() -> None:
     print(f"median of the rounds: first chunk {summary['first_chunk_vs_bound']:.2f}x the bound, TTFT "
           + (f"{summary['ttft_vs_bound']:.2f}x" if text_ratios else "-")
           + f" ({sum(map(len, texts_seen))} of {sum(map(len, texts))} requests had text)")
-    print(f"paired, median over requests: first chunk {summary['paired_first_chunk_vs_pass']:.2f}x the pass before "
-          "it, TTFT " + (f"{summary['paired_ttft_vs_pass']:.2f}x" if paired_text else "-"))
+    print(f"paired, median over requests: first chunk {summary['paired_first_chunk_vs_pass']:.2f}x the pass "
+          "before it, TTFT " + (f"{summary['paired_ttft_vs_pass']:.2f}x" if paired_text else "-"))
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump({"date": datetime.now(timezone.utc).isoformat(), "args": vars(args), "load": os.getloadavg(),
                    "bound_tokens": served_tokens, "bounds_s": bounds, "bound_passes_s": passes,
