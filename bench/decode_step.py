@@ -165,7 +165,7 @@ def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> f
     and oneDNN over packed weights) for `tokens` rows, and the head for one row. At a lower
     precision float32's matmuls are candidates too: without AVX512-BF16 or AMX, oneDNN emulates
     bfloat16 several times slower than float32, which would make a bound anything beats."""
-    return sum(count * best for _, count, best in bound_matmuls(config, tokens, dtype, repeats))
+    return bound_of(bound_matmuls(config, tokens, dtype, repeats))
 
 
 # One shape of the bound: its fastest matmul, how many a prefill runs, its best time.
@@ -189,6 +189,11 @@ def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> 
         best, fn = min(((_best_of(fn, repeats), fn) for fn in candidates), key=lambda pair: pair[0])
         parts.append((fn, count, best))
     return parts
+
+
+def bound_of(parts: list[BoundPart]) -> float:
+    """The bound: each shape's best time, as many times as a prefill runs it."""
+    return sum(count * best for _, count, best in parts)
 
 
 def bound_pass(parts: list[BoundPart]) -> float:

@@ -42,7 +42,7 @@ import orjson
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_step import bound_matmuls, bound_pass  # noqa: E402
+from decode_step import bound_matmuls, bound_of, bound_pass  # noqa: E402
 
 from tailrace.bench.prompts import make_prompts  # noqa: E402
 from tailrace.bench.records import DONE, chunk_text  # noqa: E402
@@ -122,7 +122,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             torch.set_num_threads(args.threads)
             parts = bound_matmuls(config, served_tokens, dtype)
-            bounds.append(sum(count * best for _, count, best in parts))
+            bounds.append(bound_of(parts))
             results, round_passes = [], []
             for prompt in make_prompts(args.requests, args.input_len, seed=round_):
                 # Each side's threads spin for some milliseconds after their work (libgomp's
