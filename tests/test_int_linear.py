@@ -1,6 +1,6 @@
 """int8 and int4 projections through tailrace's kernel: the packed layouts, the arithmetic against a
-float64 reference over the same int16 activation codes, and the batch invariance the engine's
-exactness rests on."""
+float64 reference over the same activation codes (int16 against int8 weights, int8 against int4),
+and the batch invariance the engine's exactness rests on."""
 
 from __future__ import annotations
 
@@ -32,15 +32,16 @@ def test_int8_codes_pack_16_outputs_to_a_vector_in_pairs_of_inputs():
     assert not packed[1, :, 8:].any() and not packed[2:].any()
 
 
-def test_int4_codes_pack_two_pairs_to_a_byte():
-    codes = torch.arange(16 * 64, dtype=torch.int32).view(16, 64).remainder(16).to(torch.uint8)
+def test_int4_codes_pack_eight_inputs_of_a_lane_to_four_bytes():
+    codes = torch.randint(0, 16, (20, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     packed = pack_codes(codes)
-    assert packed.shape == (4, 16, 32)
-    # byte b of run p: pair 2p's element b in the low nibble, pair 2p + 1's in the high one
-    lane, element, run = 5, 1, 3
-    byte = int(packed[0, run, 2 * lane + element])
-    assert byte & 0x0F == codes[lane, 2 * (2 * run) + element]
-    assert byte >> 4 == codes[lane, 2 * (2 * run + 1) + element]
+    assert packed.shape == (4, 8, 64)  # 2 vectors of outputs, padded to a tile of 4; 8 runs of 8 inputs
+    # vector v, run r, lane l, byte j: inputs 8r + j (low nibble) and 8r + 4 + j (high) of output 16v + l
+    for vector, run, lane, byte in [(0, 3, 5, 1), (1, 7, 3, 3), (0, 0, 15, 0)]:
+        value = int(packed[vector, run, 4 * lane + byte])
+        assert value & 0x0F == codes[16 * vector + lane, 8 * run + byte]
+        assert value >> 4 == codes[16 * vector + lane, 8 * run + 4 + byte]
+    assert not packed[1, :, 16:].any() and not packed[2:].any()
 
 
 def test_scales_pack_a_tiles_vectors_side_by_side_lanes_last_in_float16():
@@ -52,12 +53,14 @@ def test_scales_pack_a_tiles_vectors_side_by_side_lanes_last_in_float16():
     assert packed[1, 1, 0, 6] == 0 and packed[1, 1, 3, 15] == 0  # padding to whole tiles
 
 
-def _activation_codes(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernel rounds it: int16 codes times max|x| / 32767 per block of 32, in float64."""
+def _activation_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x as the kernel rounds it against `bits`-bit weights: int16 codes times max|x| / 32767 (int8
+    weights) or int8 codes times max|x| / 127 (int4) per block of 32, in float64."""
+    top = 32767 if bits == 8 else 127
     blocks = x.float().view(x.shape[0], -1, BLOCK)
     largest = blocks.abs().amax(-1, keepdim=True)
-    codes = torch.where(largest > 0, torch.round(blocks * (32767 / largest)), 0)  # a zero block stays 0
-    return (codes * (largest / 32767)).view(x.shape).double()
+    codes = torch.where(largest > 0, torch.round(blocks * (top / largest)), 0)  # a zero block stays 0
+    return (codes * (largest / top)).view(x.shape).double()
 
 
 def _random_weight(bits: int, grouped: bool, zeros: bool, out_features: int, in_features: int, seed: int):
@@ -77,7 +80,8 @@ def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros
     w = codes.double().view(out_features, scales.shape[1], -1) * scales.double()[..., None]
     if zeros is not None:
         w = w + zeros.double()[..., None]
-    return _activation_codes(x) @ w.view(out_features, in_features).t()
+    bits = 8 if codes.dtype == torch.int8 else 4
+    return _activation_codes(x, bits) @ w.view(out_features, in_features).t()
 
 
 forms = st.sampled_from([(8, False, False), (8, True, False), (4, True, True), (4, True, False)])

@@ -38,14 +38,14 @@ def _vectors(out_features: int) -> int:
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """[N, K] int8 codes -> [NV, K / 2, 32] int8 (bf16_linear's pair layout); [N, K] 4-bit codes
-    (uint8, 0..15) -> [NV, K / 4, 32] uint8 with pair 2p in the low nibbles and pair 2p + 1 in the
-    high ones. NV: whole tiles."""
+    (uint8, 0..15) -> [NV, K / 8, 64] uint8: run r of vector v holds 4 bytes a lane, byte j of lane
+    l the codes of output 16 v + l at inputs 8 r + j (low nibble) and 8 r + 4 + j (high). NV: whole
+    tiles."""
     n, k = codes.shape
-    pairs = pair_layout(codes, _vectors(n))
     if codes.dtype == torch.int8:
-        return pairs
-    nibbles = pairs.view(pairs.shape[0], k // 4, 2, 2 * _LANES)
-    return (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).contiguous()
+        return pair_layout(codes, _vectors(n))
+    runs = padded(codes, _vectors(n) * _LANES).view(-1, _LANES, k // 8, 2, 4)
+    return (runs[:, :, :, 0] | (runs[:, :, :, 1] << 4)).transpose(1, 2).reshape(-1, k // 8, 4 * _LANES).contiguous()
 
 
 def pack_scales(values: torch.Tensor) -> torch.Tensor:

@@ -212,9 +212,14 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     // the widening is then 4 of 52 vector instructions a step instead of 8 of 40. Same-process A/B
     // on SmolLM2's projections, 2 threads: 5-14% faster at 32 and 128 rows, 2-4% at 8; 8 x 2
     // tiles gained 1-3%, 16 x 1 lost 40% (bench/RESULTS.md, tenth session).
+    // A lone row with AVX512-BF16 reads 8 vectors at a time: 8 runs of weights in flight instead of
+    // 4, a one-row bfloat16 decode step of SmolLM2-135M 5% faster on a 2-core Zen 4, where software
+    // prefetching made it slower (bench/RESULTS.md, fifteenth session).
     const bool wide = !native && p.M >= kWideFrom;
     tailrace::parallel_vectors(p.NV, wide ? 2 : 4, p.M, [&](int64_t v0, int64_t v1) {
-        if (native)
+        if (native && p.M == 1)
+            run_groups<Native, 1, 8>(p, v0, v1);
+        else if (native)
             run_groups<Native, 4, 4>(p, v0, v1);
         else if (wide)
             run_groups<Emulated, 12, 2>(p, v0, v1);

@@ -4,21 +4,26 @@
 //
 // A weight is w = c * d + z, c an int8 code (or a 4-bit one in 0..15), d and z float16, either one
 // d per output row (int8 per channel, z = 0) or one (d, z) per output and block of 32 inputs (the
-// GGUF blocks). The activations go to int16 per block of 32 inputs, with a float32 scale
-// s = max|x| / 32767 for the block: a finer grid than bfloat16's 8 bits wherever |x| is within a
-// factor 128 of the block's largest, so the weights are still what the result loses precision to.
-// Then vpdpwssd multiplies int16 pairs of codes and activations into int32 lanes, exactly, and
-// each block's integer sum goes to float32 once:
+// GGUF blocks). The activations go to integer codes per block of 32 inputs, with a float32 scale
+// s = max|x| / C for the block, and an integer dot product adds codes times codes into int32 lanes,
+// exactly:
+// - against int8 weights, int16 activations (C = 32767, a finer grid than bfloat16's 8 bits
+//   wherever |x| is within a factor 128 of the block's largest) through vpdpwssd, 2 products a lane;
+// - against int4 weights, int8 activations (C = 127, as llama.cpp's Q8_0 activations for its 4-bit
+//   blocks) through vpdpbusd, 4 products a lane and no widening of the codes: a product of 4 rows
+//   1.6x faster at the same memory traffic (bench/RESULTS.md, fifteenth session), where the 4-bit
+//   weights are still what the result loses precision to.
+// Each block's integer sum goes to float32 once:
 //     grouped: acc += (isum * s) * d  (+ z * s * sum(x codes))     per row: acc += isum * s; y = acc * d
 // Every output's float32 accumulator runs over the blocks in order, so a row's bits depend neither
 // on the other rows, nor on the tiling, nor on the thread count (the engine's exactness rests on it).
 //
 // Layouts, packed once at load (tailrace/model/int_linear.py): outputs 16 to a vector, vectors
 // padded to a multiple of kVectors; int8 codes [NV][K/2][32] as bf16_linear packs its weights (the
-// pair (k, k+1) of output lane l at bytes 2l, 2l+1); int4 codes [NV][K/4][32] bytes, the low nibble
-// of byte b holding byte b of pair 2p's vector and the high nibble that of pair 2p + 1; d and z
-// [NV / 4][G][4][16] with G = 1 (per row) or K / 32: a tile's 4 vectors side by side, group by
-// group, so that a tile reads its scales as one run (see scale_at).
+// pair (k, k+1) of output lane l at bytes 2l, 2l+1); int4 codes [NV][K/8][64] bytes, lane l's 4
+// bytes of a run holding its inputs 8r..8r+3 in the low nibbles and 8r+4..8r+7 in the high ones;
+// d and z [NV / 4][G][4][16] with G = 1 (per row) or K / 32: a tile's 4 vectors side by side, group
+// by group, so that a tile reads its scales as one run (see scale_at).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -27,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -39,17 +45,20 @@ using tailrace::kLanes;
 using tailrace::lanes;
 
 constexpr int64_t kBlock = 32;             // inputs per activation scale and per weight group
-constexpr int64_t kBlockPairs = kBlock / 2;
 constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
 constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
-constexpr float kCodeMax = 32767.0f;
 
 enum class Scales { PerRow, Grouped, GroupedWithZero };
 
-// The activations as int16 codes: x ~ s * code per block.
+// The activations' codes: int16 against int8 weights, int8 against int4 ones (vpdpbusd multiplies
+// unsigned bytes, the 4-bit codes, by signed ones).
+template <int Bits>
+using ActivationCode = std::conditional_t<Bits == 8, int16_t, int8_t>;
+
+// The activations as codes: x ~ s * code per block.
 struct Codes {
-    const int16_t* codes;  // [M][K]
+    const void* codes;     // [M][K] ActivationCode
     const float* scale;    // [M][KB]
     const float* sum;      // [M][KB]: s * (the block's codes summed), what a zero point multiplies
 };
@@ -63,8 +72,9 @@ struct Problem {
     int64_t M, K, N, KB, NV, G;
 };
 
-template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* codes, float* scale, float* sum) {
+template <typename C, typename T>
+void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, float* sum) {
+    constexpr float kCodeMax = std::numeric_limits<C>::max();
     using tailrace::load16;
     const int64_t KB = K / kBlock;
     at::parallel_for(0, M * KB, 64, [&](int64_t b0, int64_t b1) {
@@ -82,33 +92,54 @@ void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* codes, float* scal
             const __m512 inverse = _mm512_set1_ps(kCodeMax / largest);
             const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));
             const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock), _mm512_cvtepi32_epi16(qlo));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock + kLanes), _mm512_cvtepi32_epi16(qhi));
+            if constexpr (sizeof(C) == 2) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock), _mm512_cvtepi32_epi16(qlo));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock + kLanes), _mm512_cvtepi32_epi16(qhi));
+            } else {
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock), _mm512_cvtepi32_epi8(qlo));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + kLanes), _mm512_cvtepi32_epi8(qhi));
+            }
             scale[b] = largest / kCodeMax;
             sum[b] = scale[b] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
         }
     });
 }
 
-// Bytes of codes per vector: 16 lanes of K codes, a byte each (int8) or half a byte (int4). A load
-// of 32 of them holds one pair (int8) or two (int4).
+// Bytes of codes per vector: 16 lanes of K codes, a byte each (int8) or half a byte (int4).
 template <int Bits>
 inline int64_t vector_bytes(const Problem& p) {
     return kLanes * p.K * Bits / 8;
 }
 
-// The 32 int16 codes (16 lanes x a pair) at `at`; for int4, out[0] and out[1] are pairs 2p (low
-// nibbles) and 2p + 1 (high) of the byte run loaded once for both.
+// A code load: 32 bytes of int8 codes (16 lanes x a pair of inputs), widened to int16; or 64 bytes
+// of int4 codes, 16 lanes x 8 inputs, lane l's 4 bytes holding inputs 0..3 in their low nibbles
+// and 4..7 in their high ones, out[0] and out[1] those nibbles as bytes.
+template <int Bits>
+constexpr int64_t kLoadBytes = Bits == 8 ? 32 : 64;
+template <int Bits>
+constexpr int64_t kLoadInputs = Bits == 8 ? 2 : 8;
+
 template <int Bits>
 inline void load_codes(const uint8_t* at, __m512i* out) {
-    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
     if constexpr (Bits == 8) {
-        out[0] = _mm512_cvtepi8_epi16(bytes);
+        out[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
     } else {
-        const __m512i words = _mm512_cvtepu8_epi16(bytes);
-        out[0] = _mm512_and_si512(words, _mm512_set1_epi16(0x0F));
-        out[1] = _mm512_srli_epi16(words, 4);
+        const __m512i bytes = _mm512_loadu_si512(at), low = _mm512_set1_epi8(0x0F);
+        out[0] = _mm512_and_si512(bytes, low);
+        out[1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
     }
+}
+
+// A row's products with one load's codes, added into int32 lanes exactly: int16 pairs (vpdpwssd),
+// or the 4-bit codes as unsigned bytes by the activations' signed ones in fours (vpdpbusd).
+template <int Bits>
+inline __m512i dot(__m512i sum, const __m512i* w, const ActivationCode<Bits>* x) {
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x));
+    if constexpr (Bits == 8)
+        return _mm512_dpwssd_epi32(sum, a, w[0]);
+    else
+        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, w[0], a),
+                                   w[1], _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + 4)));
 }
 
 // A tile reads its vectors' codes as up to 4 runs side by side, each 16 K (int8) or 8 K (int4)
@@ -134,36 +165,31 @@ inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si
 // one-row tile's instructions were bookkeeping (bench/RESULTS.md, eleventh session).
 template <int Bits, Scales S, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
-    constexpr int kSubs = Bits == 8 ? 1 : 2;  // pairs a 32-byte code load holds
-    constexpr int64_t kSteps = kBlockPairs / kSubs;
+    constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
     const int64_t stride = vector_bytes<Bits>(p);
-    const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * 32;
-    const int16_t* x = p.x.codes + m0 * p.K + b0 * kBlock;
+    const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * kLoadBytes<Bits>;
+    const auto* x = static_cast<const ActivationCode<Bits>*>(p.x.codes) + m0 * p.K + b0 * kBlock;
     const float* x_scale = p.x.scale + m0 * p.KB;
     const float* x_sum = p.x.sum + m0 * p.KB;
     __m512 acc[MT][NT];
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
             acc[i][j] = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
-    for (int64_t b = b0; b < b1; ++b, codes += kSteps * 32, x += kBlock) {
+    for (int64_t b = b0; b < b1; ++b, codes += kSteps * kLoadBytes<Bits>, x += kBlock) {
         __m512i isum[MT][NT];
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
                 isum[i][j] = _mm512_setzero_si512();
         for (int64_t step = 0; step < kSteps; ++step) {
-            __m512i wv[NT][kSubs];
+            __m512i wv[NT][2];
             for (int j = 0; j < NT; ++j) {
-                const uint8_t* at = codes + j * stride + step * 32;
+                const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
                 load_codes<Bits>(at, wv[j]);
                 _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
             }
-            for (int s = 0; s < kSubs; ++s)
-                for (int i = 0; i < MT; ++i) {
-                    const int16_t* pair = x + i * p.K + 2 * (step * kSubs + s);
-                    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(pair));
-                    for (int j = 0; j < NT; ++j)
-                        isum[i][j] = _mm512_dpwssd_epi32(isum[i][j], a, wv[j][s]);
-                }
+            for (int i = 0; i < MT; ++i)
+                for (int j = 0; j < NT; ++j)
+                    isum[i][j] = dot<Bits>(isum[i][j], wv[j], x + i * p.K + step * kLoadInputs<Bits>);
         }
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
@@ -269,20 +295,24 @@ void run_bits(const Problem& p, T* y) {
 }
 
 // Quantizes the rows, then runs the kernel form the weights take.
+template <int Bits, typename T>
+void int_linear_bits(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y) {
+    const int64_t KB = K / kBlock;
+    std::vector<ActivationCode<Bits>> codes(M * K);
+    std::vector<float> scale(M * KB), sum(M * KB);
+    quantize_rows(x, M, K, codes.data(), scale.data(), sum.data());
+    run_bits<Bits>(Problem{{codes.data(), scale.data(), sum.data()}, w.codes, w.d, w.z, w.bias, M, K, w.n, KB,
+                           w.vectors, w.groups}, y);
+}
+
 template <typename T>
 void int_linear_rows(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y) {
     if (M == 0)
         return;
-    const int64_t KB = K / kBlock;
-    std::vector<int16_t> codes(M * K);
-    std::vector<float> scale(M * KB), sum(M * KB);
-    quantize_rows(x, M, K, codes.data(), scale.data(), sum.data());
-    const Problem p{{codes.data(), scale.data(), sum.data()}, w.codes, w.d, w.z, w.bias, M, K, w.n, KB, w.vectors,
-                    w.groups};
     if (w.bits == 8)
-        run_bits<8>(p, y);
+        int_linear_bits<8>(x, M, K, w, y);
     else
-        run_bits<4>(p, y);
+        int_linear_bits<4>(x, M, K, w, y);
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& d,
@@ -308,9 +338,11 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
     const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
     TORCH_CHECK(bits == 8 || codes.scalar_type() == torch::kByte, "int_linear codes are int8 or uint8 (4-bit pairs)");
     TORCH_CHECK(K % kBlock == 0, "int_linear takes inputs in blocks of ", kBlock, ", not ", K);
-    TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 32 && codes.is_contiguous() && codes.size(0) % kVectors == 0,
-                "codes must be [NV, K / (16 / bits), 32] with NV a multiple of ", kVectors);
-    TORCH_CHECK(codes.size(1) == K / 2 / (8 / bits), "input width ", K, " does not match the codes");
+    const int64_t inputs_per_load = bits == 8 ? 2 : 8, load_bytes = bits == 8 ? 32 : 64;
+    TORCH_CHECK(codes.dim() == 3 && codes.size(2) == load_bytes && codes.is_contiguous() &&
+                    codes.size(0) % kVectors == 0,
+                "codes must be [NV, K / 2, 32] (int8) or [NV, K / 8, 64] (int4) with NV a multiple of ", kVectors);
+    TORCH_CHECK(codes.size(1) == K / inputs_per_load, "input width ", K, " does not match the codes");
     const int64_t NV = codes.size(0), G = d.size(1);
     TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 4 && d.size(0) * kVectors == NV &&
                     d.size(2) == kVectors && d.size(3) == kLanes && d.is_contiguous() && (G == 1 || G == K / kBlock),
