@@ -338,7 +338,8 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
     const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
     TORCH_CHECK(bits == 8 || codes.scalar_type() == torch::kByte, "int_linear codes are int8 or uint8 (4-bit pairs)");
     TORCH_CHECK(K % kBlock == 0, "int_linear takes inputs in blocks of ", kBlock, ", not ", K);
-    const int64_t inputs_per_load = bits == 8 ? 2 : 8, load_bytes = bits == 8 ? 32 : 64;
+    const int64_t load_bytes = bits == 8 ? kLoadBytes<8> : kLoadBytes<4>;
+    const int64_t inputs_per_load = bits == 8 ? kLoadInputs<8> : kLoadInputs<4>;
     TORCH_CHECK(codes.dim() == 3 && codes.size(2) == load_bytes && codes.is_contiguous() &&
                     codes.size(0) % kVectors == 0,
                 "codes must be [NV, K / 2, 32] (int8) or [NV, K / 8, 64] (int4) with NV a multiple of ", kVectors);
