@@ -6,13 +6,13 @@
 # The list: what tailrace and `tailrace bench` import, and what those need in turn, less what the
 # GPU machine's image already has (the device docs' package list, 2026-11: torch, triton,
 # transformers, safetensors, tokenizers, numpy, jinja2, prometheus-client, httpx, tqdm, matplotlib,
-# anyio, h11, click, annotated-doc are there). typing-extensions is there too, but pydantic 2.14
+# anyio, h11, click, annotated-doc are there; gguf is not, and the loader imports it). typing-extensions is there too, but pydantic 2.14
 # needs >= 4.16, which the image may predate. Versions are .venv's, which pyproject.toml pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(fastapi starlette opentelemetry-api uvicorn pydantic pydantic-core annotated-types typing-inspection
-          typing-extensions msgspec orjson llguidance)
+          typing-extensions msgspec orjson llguidance gguf)
 # pip matches each manylinux tag exactly, so name every glibc the image's (Python 3.12.3's) admits
 # that a wheel here uses: llguidance's is 2_31.
 PLATFORMS=(manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64
