@@ -25,6 +25,14 @@ def _test_only() -> set[str]:
     return {_name(r) for r in PROJECT["optional-dependencies"]["test"]} - runtime
 
 
+def test_the_package_version_is_the_projects():
+    # The API reports tailrace.__version__, which holds when a checkout runs from PYTHONPATH
+    # uninstalled (the GPU machine's run); it must be the version pip installs.
+    import tailrace
+
+    assert tailrace.__version__ == PROJECT["version"]
+
+
 def test_serving_dependencies_hold_no_test_tool():
     runtime = {_name(r) for r in PROJECT["dependencies"]}
     assert runtime & {"transformers", "litellm", "langchain-openai", "schemathesis", "triton", "pytest"} == set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import importlib.metadata
 import logging
 import time
 import uuid
@@ -22,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import tailrace
 from tailrace.api.openapi import json_body, openapi_document
 from tailrace.api.routes_extra import add_extra_routes, error_for_route, is_anthropic_route
 from tailrace.api.sse import aclose, sse_stream
@@ -185,7 +185,7 @@ def _status_routes(engine: EngineClient) -> APIRouter:
     """/health, /ping (SageMaker's name, GET or POST) and /version answer anyone, as vLLM's do: load
     balancers and supervisors hold no key."""
     router = APIRouter()
-    version = importlib.metadata.version("tailrace")
+    version = tailrace.__version__  # not the installed metadata: a checkout on PYTHONPATH serves too
 
     async def health(request: Request) -> Response:
         if request.app.state.draining:

@@ -8,13 +8,13 @@ pydantic schemas are added to the components here.
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+import tailrace
 from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 _REF = "#/components/schemas/{model}"
@@ -38,7 +38,7 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 def openapi_document(app: FastAPI, served_model_name: str, auth: bool, public_metrics: bool) -> dict[str, Any]:
     """The document for `app`: FastAPI's paths, the body schemas, the error shape on every operation,
     `model` restricted to the served name (any other is a 404), and bearer auth where it applies."""
-    spec = get_openapi(title="tailrace", version=importlib.metadata.version("tailrace"), routes=app.routes)
+    spec = get_openapi(title="tailrace", version=tailrace.__version__, routes=app.routes)
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     for model in _BODIES:
         schema = model.model_json_schema(ref_template=_REF)

@@ -343,7 +343,7 @@ def _decode_attention(q: torch.Tensor, slab_k: torch.Tensor, slab_v: torch.Tenso
         slot_out = _matmul_attention(slot_q, keys, values, decode.bias, grouped_shape)
     else:
         slot_out = F.scaled_dot_product_attention(slot_q, keys, values, attn_mask=decode.mask)
-    slot_out = slot_out.view(num_slots, -1, head_dim)
+    slot_out = slot_out.reshape(num_slots, -1, head_dim)  # CUDA's SDPA may return it non-contiguous
     return slot_out if decode.slots is None else slot_out.index_select(0, decode.slots)
 
 
