@@ -4,12 +4,19 @@
 #   bash bench/gpu.sh --smoke   here on the CPU: the same phases on the embedded model's shape, tiny numbers
 #   bash bench/gpu.sh --phases http,transformers   a rerun of some phases (tests, tailrace, http, transformers)
 #   bash bench/gpu.sh --phases tailrace,http --eager   the same without CUDA graphs, if their capture fails
-# Everything it prints also goes to $OUT/gpu.log (bench/out when $OUT is unset), beside gpu.json,
-# http.json and each phase's log; bench/gpu_bench.py says what the phases are.
+#   bash bench/gpu.sh --profile [--smoke]   bench/gpu_profile.py instead: where a step's time goes
+# Everything it prints also goes to $OUT/gpu.log (gpu_profile.log with --profile; bench/out when
+# $OUT is unset), beside gpu.json, http.json and each phase's log; bench/gpu_bench.py says what the
+# phases are.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
+script=bench/gpu_bench.py log=gpu.log
+if [ "${1:-}" = --profile ]; then
+    script=bench/gpu_profile.py log=gpu_profile.log
+    shift
+fi
 
 main() {
     export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
@@ -24,8 +31,8 @@ main() {
         export PYTHONPATH=/tmp/site:$PWD
     fi
     nvidia-smi || echo "no nvidia-smi: no GPU here"
-    "$python" bench/gpu_bench.py --out "$OUT" "$@"
+    "$python" "$script" --out "$OUT" "$@"
 }
 
 # A pipeline, not exec > >(tee ...): the script ends only after tee has written the table.
-main "$@" 2>&1 | tee "$OUT/gpu.log"
+main "$@" 2>&1 | tee "$OUT/$log"

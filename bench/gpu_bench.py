@@ -6,7 +6,7 @@
 
 Phases, each in its own process under its own time limit inside one overall budget, so that one
 that fails or hangs costs only its own rows:
-  tests         pytest tests/test_gpu.py tests/test_paged_attention.py (those that exist)
+  tests         pytest tests/test_gpu.py tests/test_paged_attention.py tests/test_triton_ops.py
   tailrace      (a) LLM.generate over the random prompts, then batch-1 decode (median of 3 requests)
   http          (b) the same shapes through `tailrace serve` and `tailrace bench serve`
   transformers  (c) transformers' continuous batching `generate_batch`, same config, random init
@@ -218,7 +218,7 @@ def child_phase(phase: str, args: argparse.Namespace, model_dir: Path, tmp: Path
 
 
 def tests_phase(args: argparse.Namespace, limit_s: float) -> dict:
-    paths = [p for p in ("tests/test_gpu.py", "tests/test_paged_attention.py") if (REPO / p).exists()]
+    paths = ["tests/test_gpu.py", "tests/test_paged_attention.py", "tests/test_triton_ops.py"]
     log_path = args.out / "tests.log"
     # The suite hides GPUs unless asked (tests/conftest.py); on the GPU, the GPU tests must run, not skip.
     env = os.environ if args.smoke else {**os.environ, "TAILRACE_TEST_GPU": "1"}

@@ -6,8 +6,9 @@
 # The list: what tailrace and `tailrace bench` import, and what those need in turn, less what the
 # GPU machine's image already has (the device docs' package list, 2026-11: torch, triton,
 # transformers, safetensors, tokenizers, numpy, jinja2, prometheus-client, httpx, tqdm, matplotlib,
-# anyio, h11, click, annotated-doc are there; gguf is not, and the loader imports it). typing-extensions is there too, but pydantic 2.14
-# needs >= 4.16, which the image may predate. Versions are .venv's, which pyproject.toml pins.
+# anyio, h11, click, annotated-doc are there; gguf is not, and the loader imports it).
+# typing-extensions is there too, but pydantic 2.14 needs >= 4.16, which the image may predate.
+# Versions are .venv's, which pyproject.toml pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

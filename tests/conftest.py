@@ -56,3 +56,45 @@ def embedded_model() -> str:
     if not (EMBEDDED / "model.safetensors").exists():
         pytest.fail("the embedded model is missing: run scripts/train_tiny.py")
     return str(EMBEDDED)
+
+
+@pytest.fixture
+def triton_interpreter():
+    """Skip without triton; without a GPU, run tailrace's Triton kernels (model/triton_attention.py,
+    model/triton_ops.py) on CPU tensors in triton's interpreter.
+
+    Triton picks the interpreter when a function is decorated, if TRITON_INTERPRET=1 is set then.
+    Other test modules import triton earlier without it (torch._dynamo does, on import), so the
+    fixture turns the compiled kernels into interpreted ones itself. It also patches triton 3.6's
+    interpreter for numpy >= 2.4, which refuses int() of the 1-element arrays that hold scalars,
+    such as loop bounds (triton-lang/triton#9171, fixed after 3.6).
+    """
+    pytest.importorskip("triton")
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    from tailrace.model import triton_attention, triton_ops
+
+    def interpret_call(jit_function, *args, **kwargs):
+        return interpreter.InterpretedFunction(jit_function.fn)(*args, **kwargs)
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_and_index(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.setattr(JITFunction, "__call__", interpret_call)  # triton.language's own jit functions
+        for module in (triton_attention, triton_ops):
+            for name, value in vars(module).items():
+                if isinstance(value, JITFunction):
+                    mp.setattr(module, name, interpreter.InterpretedFunction(value.fn))
+        mp.setattr(interpreter, "_patch_lang_tensor", patch_tensor_and_index)
+        yield

@@ -231,39 +231,6 @@ def test_attend_without_begin_raises():
 # The Triton kernel: interpreted on CPU tensors here, compiled where there is a GPU.
 
 
-@pytest.fixture
-def triton_interpreter():
-    """Skip without triton; without a GPU, run Triton code on CPU tensors in triton's interpreter.
-
-    Triton picks the interpreter when a function is decorated, if TRITON_INTERPRET=1 is set then.
-    Other test modules import triton earlier without it (torch._dynamo does, on import), so the
-    fixture turns the compiled path into the interpreter itself. It also patches triton 3.6's
-    interpreter for numpy >= 2.4, which refuses int() of the 1-element arrays that hold scalars,
-    such as loop bounds (triton-lang/triton#9171, fixed after 3.6).
-    """
-    pytest.importorskip("triton")
-    if DEVICE == "cuda":
-        yield
-        return
-    from triton.runtime import interpreter
-    from triton.runtime.jit import JITFunction
-
-    def interpret_call(jit_function, *args, **kwargs):
-        return interpreter.InterpretedFunction(jit_function.fn)(*args, **kwargs)
-
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_tensor_and_index(tensor, scope) -> None:
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    kernel = interpreter.InterpretedFunction(triton_attention._paged_attention_kernel.fn)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.setattr(JITFunction, "__call__", interpret_call)  # triton.language's own jit functions
-        mp.setattr(triton_attention, "_paged_attention_kernel", kernel)
-        mp.setattr(interpreter, "_patch_lang_tensor", patch_tensor_and_index)
-        yield
 
 
 def on_device(meta: PagedAttentionMetadata, max_query_len: int) -> PagedAttentionMetadata:

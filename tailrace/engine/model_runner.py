@@ -9,6 +9,7 @@ work by the time it returns.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import cpu_ops
 from tailrace.model.attention import KVCache
+from tailrace.model.llama import LlamaForCausalLM
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
@@ -95,6 +97,8 @@ class ModelRunner:
             shard=None if tp is None else tp.shard,
         )
         cpu_ops.prepare(self.model, self.device, config.quantization)
+        if self.device.type == "cuda":
+            _use_triton_ops(self.model)
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
@@ -226,6 +230,20 @@ class ModelRunner:
         if not constrained:
             return None
         return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained])
+
+
+def _use_triton_ops(model: LlamaForCausalLM) -> None:
+    """A half-precision model's norms, rotary and SiLU-and-multiply through Triton (model/triton_ops.py),
+    where triton is installed; PyTorch's ops otherwise, or with TAILRACE_TRITON_OPS=0 (as
+    TAILRACE_CPU_KERNELS=0 for the CPU kernels: for a same-run comparison or a suspected kernel)."""
+    if os.environ.get("TAILRACE_TRITON_OPS", "1") == "0":
+        return
+    try:
+        from tailrace.model import triton_ops
+    except ImportError:
+        return
+    if model.dtype in triton_ops.DTYPES:
+        triton_ops.use_triton_ops(model)
 
 
 def _return_freed_heap() -> None:
