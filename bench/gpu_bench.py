@@ -68,6 +68,7 @@ class Setup:
     concurrency: int
     engine: dict  # engine args: LLM(**engine), and `tailrace serve` flags of the same names
     budget_s: float  # all phases together
+    client_processes: int = 1  # `tailrace bench serve --processes`: one could not read (b) fast enough
 
 
 def make_setup(smoke: bool, eager: bool = False) -> Setup:
@@ -77,7 +78,7 @@ def make_setup(smoke: bool, eager: bool = False) -> Setup:
                      512, 256, 256, 256,
                      {"device": "cuda", "dtype": "bfloat16", "load_format": "dummy", "max_num_seqs": 256,
                       "max_num_batched_tokens": 8192, "kv_cache_memory_gb": 40.0, "enforce_eager": eager},
-                     budget_s=450)
+                     budget_s=450, client_processes=4)
     # The embedded model's shape with a wider vocabulary, so the tokenizer padding is exercised as on the GPU.
     config = {**json.loads((Path(EMBEDDED_MODEL) / "config.json").read_text()), "vocab_size": 10_000}
     return Setup("smoke: embedded model shape, dummy float32 weights", config, 8, 16, 16, 4,
@@ -237,6 +238,7 @@ def http_phase(setup: Setup, args: argparse.Namespace, model_dir: Path, limit_s:
     bench = [sys.executable, "-m", "tailrace", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
              "--concurrency", str(setup.concurrency), "--num-prompts", str(setup.num_prompts),
              "--input-len", str(setup.input_len), "--output-len", str(setup.output_len), "--no-progress",
+             "--processes", str(setup.client_processes),
              "--out", str(args.out / "http.json")]
     (args.out / "http.json").unlink(missing_ok=True)  # a file left by an earlier run is no result of this one
     try:
@@ -259,9 +261,10 @@ def http_phase(setup: Setup, args: argparse.Namespace, model_dir: Path, limit_s:
         return {"status": f"FAILED: exit {done.returncode}: {(done.stdout + done.stderr).strip()[-200:]}"}
     summary = next(iter(json.loads((args.out / "http.json").read_text())["runs"].values()))[0]["summary"]
     status = "ok" if summary["failed"] == 0 else f"FAILED: {summary['failed']} requests: {summary['first_error']}"
-    # Cores used: either process near 1.0 (its one core, asyncio) limits (b), not the engine. The API
-    # process's over the level (its CPU before is idle), the load generator's over its whole run
-    # (start-up imports included: its own CPU time is all that can be read from outside).
+    # Cores used: the API process near 1.0 (its one core, asyncio), or the load generator near its
+    # process count, limits (b), not the engine. The API process's over the level (its CPU before is
+    # idle), the load generator's over its whole run (start-up imports included: its own CPU time
+    # is all that can be read from outside).
     cpu_share = {"api_process": api_cpu_s / summary["duration_s"], "load_generator": client_cpu_s / client_wall_s}
     return {"status": status, "ready_s": ready_s, "cpu_share": cpu_share,
             "output_tok_per_s": summary["output_throughput"],
@@ -333,7 +336,7 @@ def table(setup: Setup, env: dict, phases: dict) -> str:
         of_offline = f"HTTP / offline {served / offline:.1%}; " if offline else ""
         lines.append(f"(b): {of_offline}mean prompt {http['mean_prompt_tokens']:.0f} tokens, output "
                      f"{http['mean_output_tokens']:.0f}; cores used: API process {share['api_process']:.2f}, "
-                     f"load generator {share['load_generator']:.2f}")
+                     f"load generator {share['load_generator']:.2f} ({setup.client_processes} processes)")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from tailrace.bench.records import LevelResult, RequestRecord, StreamRecorder
 from tailrace.bench.report import format_comparison, percentile, summarize, tpot, write_json
+from tailrace.bench.shards import shard_sizes
 from tailrace.bench.serve import LoadConfig, Workload, api_roots, request_body, run_level
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.sse import SSEDecoder, decode_lines
@@ -234,6 +235,23 @@ def test_bench_serve_writes_summaries_records_and_a_plot(tailrace_url: str, tmp_
         assert len(level["requests"]) == 8
         assert all(r["ok"] and r["output_tokens"] == 8 and len(r["itl"]) >= 1 for r in level["requests"])
     assert png.stat().st_size > 10_000
+
+
+def test_bench_serve_over_two_client_processes_merges_their_records(tailrace_url: str, tmp_path: Path):
+    out = tmp_path / "results.json"
+    rc = main(["bench", "serve", "--base-url", tailrace_url, "--num-prompts", "7", "--concurrency", "3",
+               "--input-len", "16", "--output-len", "5", "--processes", "2", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    level = json.loads(out.read_text())["runs"]["tiny"][0]
+    assert level["summary"]["completed"] == 7 and level["summary"]["total_output_tokens"] == 7 * 5
+    assert [r["index"] for r in level["requests"]] == list(range(7))  # every prompt once, in order
+    assert all(r["ok"] and r["output_tokens"] == 5 for r in level["requests"])
+    assert level["summary"]["duration_s"] >= max(r["e2e"] for r in level["requests"])
+
+
+def test_client_processes_split_the_concurrency_evenly():
+    assert shard_sizes(256, 4) == [64] * 4
+    assert shard_sizes(7, 3) == [3, 2, 2] and sum(shard_sizes(5, 5)) == 5
 
 
 def test_json_output_goes_into_a_directory_made_for_it(tmp_path: Path):

@@ -29,6 +29,13 @@ def concurrency_list(text: str) -> list[int]:
     return levels
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("a positive integer")
+    return value
+
+
 def request_rate(text: str) -> float:
     rate = float(text)  # float() reads "inf" too
     if rate <= 0:
@@ -80,6 +87,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--extra-body", type=json_object, default={},
                        help="a JSON object merged into every request, e.g. '{\"top_p\": 0.9}'")
     serve.add_argument("--timeout", type=float, default=600.0, help="longest wait for one read, s (default: 600)")
+    serve.add_argument("--processes", type=positive_int, default=1,
+                       help="client processes sharing each level's requests and concurrency, where one process "
+                            "cannot read the streams as fast as the server sends them (default: 1)")
     compare = kinds.add_parser("compare", help="tailrace against peer servers started here, one after another")
     compare.add_argument("model", nargs="?", default=None,
                          help="a Hugging Face model directory (default: the embedded tiny model)")
@@ -142,7 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = _load_config(args, base_url=args.base_url, model=args.model, endpoint=args.endpoint,
                           request_rate=args.request_rate, temperature=args.temperature, api_key=args.api_key,
                           exact_length=not args.no_exact_length, extra_body=args.extra_body,
-                          timeout_s=args.timeout)
+                          timeout_s=args.timeout, processes=args.processes)
     model, workload, levels = asyncio.run(run_benchmark(config))
     for level in levels:
         print(format_summary(f"{model} @ concurrency {level.concurrency}", summarize(level)))

@@ -50,6 +50,7 @@ class LoadConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request
     timeout_s: float = 600.0  # the longest wait for any one read
     progress: bool = True
+    processes: int = 1  # client processes per level (tailrace/bench/shards.py), for rates one process cannot read
 
 
 @dataclass(slots=True)
@@ -184,5 +185,13 @@ async def run_benchmark(config: LoadConfig) -> tuple[str, Workload, list[LevelRe
         model = config.model or await first_model(client, config)
         workload = await build_workload(client, config, model)
         await warm_up(client, config, model, workload.prompts[0])
-        levels = [await run_level(client, config, model, workload, c) for c in config.concurrency]
+        levels = [await run_level(client, config, model, workload, c) if config.processes == 1
+                  else await asyncio.to_thread(_run_level_processes, config, model, workload, c)
+                  for c in config.concurrency]
     return model, workload, levels
+
+
+def _run_level_processes(config: LoadConfig, model: str, workload: Workload, concurrency: int) -> LevelResult:
+    from tailrace.bench.shards import run_level_processes  # shards imports this module
+
+    return run_level_processes(config, model, workload, concurrency)
