@@ -5,6 +5,9 @@
             floor of a decode step of that size;
   steps     the wall time of a decode step in LLM.generate at batch 1 and at max_num_seqs, so the
             gap to the floor is the host's share (scheduling, inputs, sampling, output handling);
+  host      the host's pieces of a full-batch decode step, each timed around its Python call
+            (scheduling, step inputs, attention metadata, sampling, the wait and the tokens' apply,
+            output processing): where the gap between the step and its graph goes;
   profile   torch.profiler over a batch-1 generate and over a full batch's prefill and decode: the
             top kernels by device time and the top operators by host time.
 
@@ -19,6 +22,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
@@ -27,6 +31,9 @@ from offline import time_generate
 from torch.profiler import ProfilerActivity, profile
 
 from tailrace import LLM
+from tailrace import llm as llm_module
+from tailrace.engine import core, model_runner, scheduler, step_inputs
+from tailrace.model import paged_attention
 
 
 def graph_ms(llm: LLM, size: int, reps: int = 20) -> float:
@@ -51,6 +58,49 @@ def decode_step_ms(llm: LLM, prompts: list[list[int]], output_len: int) -> float
     short, _ = time_generate(llm, prompts, 2)
     long, _ = time_generate(llm, prompts, output_len)
     return (long - short) * 1000 / (output_len - 2)
+
+
+# (owner, attribute, label) of each host piece `host_pieces` times.
+_HOST_PIECES = [
+    (scheduler.Scheduler, "schedule", "schedule"),
+    (step_inputs.StepInputBuilder, "build", "step inputs"),
+    (paged_attention.PagedKVCache, "begin", "attention metadata"),
+    (model_runner, "start_sample", "sampling (launch)"),
+    (model_runner.ModelRunner, "launch", "ModelRunner.launch (all of it)"),
+    (core.EngineCore, "collect", "wait + apply tokens"),
+    (llm_module.LLM, "_process", "output processing (overlaps the device)"),
+]
+
+
+def host_pieces(llm: LLM, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+    """Milliseconds a decode step of each host piece, over a generate of these prompts less one of
+    2 tokens (so the prefill's calls drop out)."""
+    totals: dict[str, float] = {}
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in _HOST_PIECES]
+
+    def timed(function: Any, label: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - start
+        return call
+
+    runs = []
+    try:
+        for owner, name, label in _HOST_PIECES:
+            setattr(owner, name, timed(getattr(owner, name), label))
+        for length in (2, output_len):
+            totals.clear()
+            time_generate(llm, prompts, length)
+            runs.append(dict(totals))
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+    short, long = runs
+    return {label: (long.get(label, 0.0) - short.get(label, 0.0)) * 1000 / (output_len - 2)
+            for _, _, label in _HOST_PIECES}
 
 
 def profiled(llm: LLM, prompts: list[list[int]], output_len: int, rows: int) -> str:
@@ -89,6 +139,8 @@ def main() -> None:
         result["decode_step_ms"] = {1: decode_step_ms(llm, prompts_for(setup, 1, seed=2), 66),
                                     full: decode_step_ms(llm, prompts_for(setup, full, seed=3), 34)}
         print("decode step, wall ms in LLM.generate:", json.dumps(result["decode_step_ms"]), flush=True)
+        result["host_ms_per_decode_step"] = host_pieces(llm, prompts_for(setup, full, seed=6), 34)
+        print(f"host pieces of a decode step at {full}, ms:", json.dumps(result["host_ms_per_decode_step"]), flush=True)
         text = [f"{setup.title}\n{json.dumps(result)}",
                 "--- batch 1, decode", profiled(llm, prompts_for(setup, 1, seed=4), 32, rows=25),
                 f"--- batch {full}, prefill and decode", profiled(llm, prompts_for(setup, full, seed=5), 16, rows=30)]
