@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.sequence import Sequence
@@ -40,6 +42,21 @@ def test_sequences_follow_each_other_in_schedule_order():
     assert inputs.input_ids.tolist() == [18, *range(50, 56)]
     assert inputs.positions.tolist() == [8, *range(6)]
     assert inputs.batch.slot_mapping.tolist() == expected_slots([1, 0, 3], 8, 9) + expected_slots([6, 8], 0, 6)
+
+
+@given(st.integers(1, 12), st.integers(0, 12), st.data())
+def test_a_decode_row_takes_the_token_at_its_position_from_the_prompt_or_the_output(prompt_len, output_len, data):
+    prompt = list(range(100, 100 + prompt_len))
+    outputs = list(range(500, 500 + output_len))
+    table = data.draw(st.permutations(range(10)))[: -(-(prompt_len + output_len) // BLOCK_SIZE)]
+    position = data.draw(st.integers(0, prompt_len + output_len - 1))
+    item = scheduled(3, prompt, table, computed=position, new=1)
+    item.seq.output_token_ids = outputs
+    inputs = StepInputBuilder(8, BLOCK_SIZE, None, CPU).build([item])
+    assert inputs.input_ids.tolist() == (prompt + outputs)[position : position + 1]
+    assert inputs.positions.tolist() == [position]
+    assert inputs.batch.slot_mapping.tolist() == expected_slots(table, position, position + 1)
+    assert inputs.batch.seqs == [SeqSlice(3, 0, 1, position + 1, table)]
 
 
 def test_padding_sequences_are_one_token_each_in_the_scratch_block():

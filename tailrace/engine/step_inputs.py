@@ -57,6 +57,12 @@ class StepInputBuilder:
             end = start + n
             table = seq.block_table
             slices.append(SeqSlice(seq.seq_id, len(ids), n, end, table))
+            if n == 1:  # a decode row, most rows of most steps: no slices or ranges to build
+                prompt = seq.prompt_token_ids
+                ids.append(prompt[start] if start < len(prompt) else seq.output_token_ids[start - len(prompt)])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+                continue
             ids += seq.token_slice(start, end)
             positions += range(start, end)
             for block in range(start // bs, -(-end // bs)):
