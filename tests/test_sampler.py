@@ -2,6 +2,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tailrace.engine.sampler import (
     SamplingRow,
@@ -153,6 +155,17 @@ def test_min_tokens_forbids_eos_and_stop_token_ids_until_reached():
     logits = torch.tensor([[9.0, 8.0, 1.0, 0.0]])
     row = _row(output=[3, 3], eos=[0], temperature=0.0, min_tokens=3, stop_token_ids=[1])
     assert sample(logits, [row]).token_ids == [2]
+
+
+@given(st.lists(st.floats(-5, 5), min_size=4, max_size=12), st.sampled_from([0.0, 1.0]))
+def test_min_tokens_alone_masks_in_place_and_picks_what_the_copying_path_picks(values, temperature):
+    # logprobs=0 takes the path that copies the logits (the raw ones are read back); without, masking
+    # is done in place. Both must pick the same token from the same draw.
+    logits = torch.tensor([values])
+    rows = [_row(output=[3], eos=[0], temperature=temperature, min_tokens=3, stop_token_ids=[1], logprobs=logprobs)
+            for logprobs in (None, 0)]
+    picked = [sample(logits.clone(), [row], torch.Generator().manual_seed(5)).token_ids for row in rows]
+    assert picked[0] == picked[1] and picked[0][0] not in (0, 1)
 
 
 def test_min_tokens_allows_eos_once_reached():

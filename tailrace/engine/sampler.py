@@ -173,6 +173,14 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     """The logits after bias and penalties: `logits` itself when no row asks for any."""
     if not any(_wants_penalty(row) for row in rows):
         return logits
+    if all(_only_min_tokens(row, logits.shape[1]) for row in rows):
+        # Only stop ids masked, fewer than the vocabulary, in rows whose other logits are the
+        # model's (finite): no row can be left empty, and no row reads its raw logits back, so no
+        # copy and no check. Exact-length
+        # requests (a benchmark's) take this path every step: at one row of 49k logits, after 128
+        # MB of other reads, 364 -> 190-240 us (120 without min_tokens).
+        _mask_until_min_tokens(logits, rows)
+        return logits
     penalised = logits.clone()
     _add_logit_bias(penalised, rows)
     _mask_until_min_tokens(penalised, rows)
@@ -186,6 +194,13 @@ def _wants_penalty(row: SamplingRow) -> bool:
     p = row.params
     return (bool(p.logit_bias) or len(row.output_token_ids) < p.min_tokens
             or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+
+
+def _only_min_tokens(row: SamplingRow, vocab: int) -> bool:
+    p = row.params
+    return not (row.masked or p.logprobs is not None or p.logit_bias or p.repetition_penalty != 1.0
+                or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                or len(set(p.stop_token_ids) | set(row.eos_token_ids)) >= vocab)
 
 
 def _add_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -213,7 +228,11 @@ def _mask_until_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> Non
                 if 0 <= token < vocab:
                     at_row.append(i)
                     at_token.append(token)
-    if at_row:
+    if not at_row:
+        return
+    if logits.device.type == "cpu":
+        logits.numpy()[at_row, at_token] = -np.inf  # no torch ops, each of which runs cold after a step
+    else:
         logits.index_put_(_pairs(at_row, at_token, logits.device), logits.new_full((), float("-inf")))
 
 
