@@ -29,6 +29,23 @@ def test_allocate_fails_without_change_when_short():
     assert seq.block_table == [] and bm.num_free_blocks == 2
 
 
+def test_every_change_of_a_block_table_bumps_its_version_and_nothing_else_does():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    first = make_seq(list(range(10)))
+    computed(bm, first)
+    versions = [first.table_version]
+    assert bm.allocate(first, 10)  # no new block needed: no change
+    versions.append(first.table_version)
+    assert bm.allocate(first, 13)
+    versions.append(first.table_version)
+    bm.release(first)
+    versions.append(first.table_version)
+    assert versions[0] > 0 and versions[1] == versions[0] and versions[3] > versions[2] > versions[1]
+    again = make_seq(list(range(10)), seq_id=1)
+    bm.match_prefix(again)  # the released prefix, taken from the cache
+    assert again.block_table and again.table_version > 0
+
+
 def test_release_returns_every_block():
     bm = BlockManager(num_blocks=8, block_size=4)
     seq = make_seq(list(range(10)))

@@ -207,6 +207,25 @@ def test_smaller_batch_turns_the_remaining_slots_into_padding():
     assert meta.block_tables[0, :1].tolist() == TABLES[1][:1]
 
 
+def test_a_row_table_is_written_again_exactly_when_its_version_or_length_changes():
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, use_triton=False)
+    table = [3, 4]
+
+    def row(kv_len: int, version: int | None) -> list[int]:
+        cache.begin(AttentionBatch([SeqSlice(7, 0, 1, kv_len, table, version)], torch.tensor([0])))
+        return cache.metadata.block_tables[0, : -(-kv_len // BLOCK_SIZE)].tolist()
+
+    assert row(2 * BLOCK_SIZE, version=0) == [3, 4]
+    table[:] = [9, 5]  # cleared and refilled in place, as a preempted sequence's is: a new version
+    assert row(2 * BLOCK_SIZE, version=1) == [9, 5]
+    table.append(6)
+    assert row(2 * BLOCK_SIZE + 1, version=2) == [9, 5, 6]
+    # The contract, seen from the other side: an unchanged version and length keep the row as written.
+    table[0] = 11
+    assert row(2 * BLOCK_SIZE + 1, version=2) == [9, 5, 6]
+    assert row(2 * BLOCK_SIZE + 1, version=None) == [11, 5, 6]  # unknown: always written
+
+
 def test_rows_out_of_batch_order_raise():
     cache = PagedKVCache(*CACHE_ARGS, use_triton=False)
     seqs = [SeqSlice(0, 1, 1, 4, TABLES[0]), SeqSlice(1, 0, 1, 4, TABLES[1])]

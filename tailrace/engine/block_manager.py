@@ -59,6 +59,7 @@ class BlockManager:
                 break
             self._take(block_id)
             seq.block_table.append(block_id)
+            seq.table_version += 1
             seq.block_hashes.append(h)
             parent = h
         seq.num_computed_tokens = len(seq.block_table) * bs
@@ -81,6 +82,7 @@ class BlockManager:
             block.hash, block.token_ids = None, ()
             self._take(block_id)
             seq.block_table.append(block_id)
+            seq.table_version += 1
         return True
 
     def register_full_blocks(self, seq: Sequence) -> None:
@@ -107,6 +109,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[block_id] = None
         seq.block_table.clear()
+        seq.table_version += 1
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 

@@ -32,6 +32,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     block_table: list[int] = field(default_factory=list)
+    table_version: int = 0  # bumped by the block manager at every change of block_table
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks
     # Siblings wait until the first one has computed the shared prompt, then reuse its blocks.
     waits_for: "Sequence | None" = None

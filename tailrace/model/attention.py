@@ -23,7 +23,7 @@ each position's attention is one fixed computation (tests/test_attention.py pins
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,9 @@ class SeqSlice:
     q_len: int  # new tokens this step (prefill chunk length, or 1 for decode)
     kv_len: int  # tokens in the cache after this step (= tokens before + q_len)
     block_table: list[int]  # physical block ids covering positions [0, kv_len)
+    # The sequence's Sequence.table_version, which changes whenever block_table does: a cache may
+    # keep what it derived from an unchanged table. None: unknown, derive it again.
+    table_version: int | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
