@@ -26,6 +26,7 @@ import uvicorn
 
 from tailrace.api.app import start_draining
 from tailrace.engine.client import EngineClient, EngineDeadError
+from tailrace.heap import freeze_startup_objects
 
 log = logging.getLogger("tailrace")
 
@@ -100,6 +101,7 @@ async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Cal
     except EngineDeadError as exc:
         log.error("%s", exc)
         return await _stop(server, serving, engine, code=1)
+    freeze_startup_objects()
     on_ready()
     died = asyncio.create_task(engine.wait_dead())
     await asyncio.wait({serving, died}, return_when=asyncio.FIRST_COMPLETED)

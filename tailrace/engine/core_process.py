@@ -16,6 +16,7 @@ import msgspec
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
 from tailrace.engine.stats import EngineStats
+from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
 
 log = logging.getLogger("tailrace.engine")
@@ -85,6 +86,7 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     except Exception as exc:  # the client shows the reason; nothing else can run
         conn.send_bytes(encoder.encode(FatalMsg(f"the engine failed to start: {exc}")))
         return
+    freeze_startup_objects()
     mc = core.runner.model_config
     dtype = str(core.runner.model.dtype).removeprefix("torch.")
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from tailrace.engine.config import EngineConfig, resolve_device
 from tailrace.engine.step_inputs import StepInputs
 from tailrace.engine.tp_step import FollowStep, decode_step, encode_step
+from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
 from tailrace.model.config import load_model_config
 from tailrace.model.tp_shard import Shard, check_shardable
@@ -244,6 +245,7 @@ def run_worker(args: WorkerArgs) -> int:
     dist.init_process_group(tp.backend, store=store, rank=args.rank, world_size=args.size, timeout=_NO_TIMEOUT)
     try:
         runner: ModelRunner = ModelRunner(args.config, tp)
+        freeze_startup_objects()
         while (step := tp.receive_step(runner.device)) is not None:
             runner.follow(step)
     except Exception:
