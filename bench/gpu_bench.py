@@ -336,7 +336,8 @@ def table(setup: Setup, env: dict, phases: dict) -> str:
         of_offline = f"HTTP / offline {served / offline:.1%}; " if offline else ""
         lines.append(f"(b): {of_offline}mean prompt {http['mean_prompt_tokens']:.0f} tokens, output "
                      f"{http['mean_output_tokens']:.0f}; cores used: API process {share['api_process']:.2f}, "
-                     f"load generator {share['load_generator']:.2f} ({setup.client_processes} processes)")
+                     f"load generator {share['load_generator']:.2f} ({setup.client_processes} "
+                     f"process{'es' if setup.client_processes > 1 else ''})")
     return "\n".join(lines)
 
 
