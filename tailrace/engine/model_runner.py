@@ -30,13 +30,13 @@ from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import cpu_ops
 from tailrace.model.attention import KVCache
-from tailrace.model.llama import LlamaForCausalLM
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
 
 if TYPE_CHECKING:
     from tailrace.engine.tp_workers import TensorParallel
+    from tailrace.model.llama import LlamaForCausalLM
 
 
 @dataclass(slots=True)

@@ -51,6 +51,11 @@ class Sequence:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    def token_at(self, position: int) -> int:
+        """token_slice(position, position + 1)'s one token, without the list."""
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
+
     def token_slice(self, start: int, end: int) -> list[int]:
         p = len(self.prompt_token_ids)
         if end <= p:

@@ -58,8 +58,7 @@ class StepInputBuilder:
             table = seq.block_table
             slices.append(SeqSlice(seq.seq_id, len(ids), n, end, table, seq.table_version))
             if n == 1:  # a decode row, most rows of most steps: no slices or ranges to build
-                prompt = seq.prompt_token_ids
-                ids.append(prompt[start] if start < len(prompt) else seq.output_token_ids[start - len(prompt)])
+                ids.append(seq.token_at(start))
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
                 continue
