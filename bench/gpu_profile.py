@@ -5,7 +5,7 @@
             floor of a decode step of that size;
   steps     the wall time of a decode step in LLM.generate at batch 1 and at max_num_seqs, so the
             gap to the floor is the host's share (scheduling, inputs, sampling, output handling);
-  host      the host's pieces of a full-batch decode step, each timed around its Python call
+  host      the host's pieces of that full-batch decode step, each timed around its Python call
             (scheduling, step inputs, attention metadata, sampling, the wait and the tokens' apply,
             output processing): where the gap between the step and its graph goes;
   profile   torch.profiler over a batch-1 generate and over a full batch's prefill and decode: the
@@ -21,6 +21,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +51,8 @@ def graph_ms(llm: LLM, size: int, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def decode_step_ms(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
-    """Wall milliseconds of one decode step: two generates that differ only in output length, so
-    the prefill and the first token cancel out. A first run leaves out one-time costs (a kernel
-    compiled for a new shape)."""
-    time_generate(llm, prompts, 2)
-    short, _ = time_generate(llm, prompts, 2)
-    long, _ = time_generate(llm, prompts, output_len)
-    return (long - short) * 1000 / (output_len - 2)
-
-
-# (owner, attribute, label) of each host piece `host_pieces` times.
-_HOST_PIECES = [
+# (owner, attribute, label) of each host piece `decode_step_ms` can time.
+HOST_PIECES = [
     (scheduler.Scheduler, "schedule", "schedule"),
     (step_inputs.StepInputBuilder, "build", "step inputs"),
     (paged_attention.PagedKVCache, "begin", "attention metadata"),
@@ -72,11 +63,13 @@ _HOST_PIECES = [
 ]
 
 
-def host_pieces(llm: LLM, prompts: list[list[int]], output_len: int) -> dict[str, float]:
-    """Milliseconds a decode step of each host piece, over a generate of these prompts less one of
-    2 tokens (so the prefill's calls drop out)."""
+def decode_step_ms(llm: LLM, prompts: list[list[int]], output_len: int,
+                   pieces: Sequence[tuple[Any, str, str]] = ()) -> dict[str, float]:
+    """Milliseconds of one decode step ("step", wall) and of each host piece in it, each timed
+    around its call: two generates that differ only in output length, so the prefill and the first
+    token cancel out. A first run leaves out one-time costs (a kernel compiled for a new shape)."""
     totals: dict[str, float] = {}
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in _HOST_PIECES]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in pieces]
 
     def timed(function: Any, label: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -87,20 +80,21 @@ def host_pieces(llm: LLM, prompts: list[list[int]], output_len: int) -> dict[str
                 totals[label] = totals.get(label, 0.0) + time.perf_counter() - start
         return call
 
+    time_generate(llm, prompts, 2)
     runs = []
     try:
-        for owner, name, label in _HOST_PIECES:
+        for owner, name, label in pieces:
             setattr(owner, name, timed(getattr(owner, name), label))
         for length in (2, output_len):
             totals.clear()
-            time_generate(llm, prompts, length)
+            totals["step"], _ = time_generate(llm, prompts, length)
             runs.append(dict(totals))
     finally:
         for owner, name, function in originals:
             setattr(owner, name, function)
     short, long = runs
     return {label: (long.get(label, 0.0) - short.get(label, 0.0)) * 1000 / (output_len - 2)
-            for _, _, label in _HOST_PIECES}
+            for label in ["step", *(label for _, _, label in pieces)]}
 
 
 def profiled(llm: LLM, prompts: list[list[int]], output_len: int, rows: int) -> str:
@@ -136,11 +130,12 @@ def main() -> None:
         if llm.core.runner.graphs is not None:
             result["graph_ms"] = {size: graph_ms(llm, size) for size in llm.core.runner.graphs.sizes}
             print("decode graph, device ms a replay:", json.dumps(result["graph_ms"]), flush=True)
-        result["decode_step_ms"] = {1: decode_step_ms(llm, prompts_for(setup, 1, seed=2), 66),
-                                    full: decode_step_ms(llm, prompts_for(setup, full, seed=3), 34)}
+        batch1 = decode_step_ms(llm, prompts_for(setup, 1, seed=2), 66)
+        pieces = decode_step_ms(llm, prompts_for(setup, full, seed=3), 34, HOST_PIECES)
+        result["decode_step_ms"] = {1: batch1["step"], full: pieces.pop("step")}
         print("decode step, wall ms in LLM.generate:", json.dumps(result["decode_step_ms"]), flush=True)
-        result["host_ms_per_decode_step"] = host_pieces(llm, prompts_for(setup, full, seed=6), 34)
-        print(f"host pieces of a decode step at {full}, ms:", json.dumps(result["host_ms_per_decode_step"]), flush=True)
+        result["host_ms_per_decode_step"] = pieces
+        print(f"host pieces of a decode step at {full}, ms:", json.dumps(pieces), flush=True)
         text = [f"{setup.title}\n{json.dumps(result)}",
                 "--- batch 1, decode", profiled(llm, prompts_for(setup, 1, seed=4), 32, rows=25),
                 f"--- batch {full}, prefill and decode", profiled(llm, prompts_for(setup, full, seed=5), 16, rows=30)]
