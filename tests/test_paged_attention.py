@@ -3,6 +3,7 @@ and the Triton kernel."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -94,6 +95,29 @@ def test_cpu_kernel_matches_naive_attention_on_a_mixed_batch(group, block_size, 
     expected = naive_attention(q, k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta)
     torch.testing.assert_close(out[: q.shape[0]].float(), expected, atol=tolerance, rtol=tolerance)
     assert not out[q.shape[0]:].any()
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim", [48, 64, 128])  # 48: a last chunk of 16 elements, not 32
+def test_bfloat16_scores_from_two_fmas_a_pair_are_the_dot_instructions(tmp_path, head_dim):
+    """TAILRACE_CPU_BF16_DOT=0 takes the path of CPUs without AVX512-BF16 (in a child process, the
+    choice being process-wide): bit for bit what this process computes, vdpbf16ps where the CPU
+    has it, and both the naive attention's within bfloat16's rounding."""
+    meta = make_meta(MIXED, 16, NUM_BLOCKS, seed=head_dim)
+    g = torch.Generator().manual_seed(head_dim)
+    rows = sum(q_len for _, q_len in MIXED)
+    q = torch.randn(rows, 3 * KV_HEADS, head_dim, generator=g).bfloat16()
+    k_pages, v_pages = torch.randn(2, NUM_BLOCKS * 16, KV_HEADS, head_dim, generator=g).bfloat16()
+    args = (q, k_pages, v_pages, meta.query_start_loc, meta.seq_lens, meta.block_tables, 16, meta.num_seqs, SCALE)
+    torch.save(args, tmp_path / "in.pt")
+    child = ("import sys, torch; from tailrace.model.cpu_kernels import kernels; "
+             "torch.save(kernels().paged_attention(*torch.load(sys.argv[1])), sys.argv[2])")
+    subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0"}, check=True)
+    out = kernels().paged_attention(*args)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), out)
+    expected = naive_attention(q.float(), k_pages.float(), v_pages.float(), MIXED, meta)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
 @needs_kernels

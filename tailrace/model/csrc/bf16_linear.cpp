@@ -171,15 +171,6 @@ std::unique_ptr<float[]> widened(const c10::BFloat16* x, int64_t count) {
     return out;
 }
 
-// AVX512-BF16, unless TAILRACE_CPU_BF16_DOT=0 asks for the FMA pairs (to test them where it is).
-bool native_dot() {
-    static const bool native = [] {
-        const char* env = std::getenv("TAILRACE_CPU_BF16_DOT");
-        return __builtin_cpu_supports("avx512bf16") && !(env != nullptr && std::strcmp(env, "0") == 0);
-    }();
-    return native;
-}
-
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                      int64_t n) {
     TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16,
@@ -199,11 +190,20 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 
 }  // namespace
 
+// AVX512-BF16, unless TAILRACE_CPU_BF16_DOT=0 asks for the FMA pairs (to test them where it is).
+bool tailrace::native_bf16_dot() {
+    static const bool native = [] {
+        const char* env = std::getenv("TAILRACE_CPU_BF16_DOT");
+        return __builtin_cpu_supports("avx512bf16") && !(env != nullptr && std::strcmp(env, "0") == 0);
+    }();
+    return native;
+}
+
 void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                            c10::BFloat16* y, int64_t rows, int64_t k, int64_t n) {
     if (rows == 0 || bf16_linear_amx(x, packed, vectors, bias, y, rows, k, n))
         return;
-    const bool native = native_dot();
+    const bool native = tailrace::native_bf16_dot();
     const std::unique_ptr<float[]> xf = native ? nullptr : widened(x, rows * k);
     const Problem p{reinterpret_cast<const uint16_t*>(x), xf.get(), reinterpret_cast<const uint16_t*>(packed), bias,
                     reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};

@@ -16,6 +16,9 @@ namespace tailrace {
 // bias float32 [vectors * 16] or nullptr.
 void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                  c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
+// bf16_linear.cpp: whether bfloat16 pairs are summed by AVX512-BF16's vdpbf16ps (else by two FMAs
+// a pair, the same sums): the CPU has it, and TAILRACE_CPU_BF16_DOT=0 does not ask for the FMAs.
+bool native_bf16_dot();
 // bf16_amx.cpp: the same product on AMX tiles; false (and nothing written) where they cannot run:
 // no AMX, the OS refused the tile state, TAILRACE_CPU_AMX=0, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,

@@ -1,11 +1,12 @@
 // Causal attention on the CPU read straight from the paged KV cache, for bfloat16 and float32.
 //
 // Each query row of each head is one fixed computation over its sequence's positions 0..p in
-// order: scores as float32 dot products (16 lanes, then the same reduction tree every time), a
-// float32 softmax, the values summed into float32 in position order. No step of it depends on the
-// other rows, the batch, how a prompt was chunked or the thread count, so a position's output has
-// the same bits in a prefill, in a chunk after cached tokens and in any decode batch: what the
-// engine's exactness needs, and what CPU SDPA (blocked by query rows and padded keys) does not give.
+// order: scores as float32 dot products (lane sums in a fixed order, see Chunks, then the same
+// reduction tree every time), a float32 softmax, the values summed into float32 in position order.
+// No step of it depends on the other rows, the batch, how a prompt was chunked or the thread
+// count, so a position's output has the same bits in a prefill, in a chunk after cached tokens and
+// in any decode batch: what the engine's exactness needs, and what CPU SDPA (blocked by query rows
+// and padded keys) does not give.
 // Reading the pages in place also means no second copy of the K/V, and no per-layer matmul calls
 // (about 50 us each at one row in oneDNN). The query heads that share a KV head run together,
 // each key and value loaded once for all of them, and with enough rows a task takes a row's every
@@ -22,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -68,27 +70,107 @@ struct Rows {
     }
 };
 
+// How a head's row of T is read, a chunk at a time, as float32 lanes. float32: 16 elements a chunk.
+// bfloat16: 32 a chunk as vdpbf16ps takes them, in pairs: 32-bit lane l holds elements 2l and
+// 2l + 1, the odd one widened by a mask and the even one by a shift, one instruction each for 16
+// elements where widening 16 takes two. Which lane sums which elements only orders each head's
+// sums, the same for every row, batch and thread count. q . k: per chunk, each lane adds its odd
+// product, then its even one (vdpbf16ps's order; two FMAs give the same sums where it is absent,
+// as in bf16_linear.cpp), then the 16 lanes are summed by sum_lanes16.
+template <typename T, bool Native>
+struct Chunks;
+
+template <bool Native>
+struct Chunks<float, Native> {
+    static constexpr int64_t kWidth = 16, kParts = 1;
+    using Query = __m512;
+    using Key = __m512;
+
+    // head_dim is a multiple of 16: every chunk is whole
+    static __mmask16 mask(int64_t, int64_t) { return 0xFFFF; }
+    static Query query(const float* q, __mmask16) { return _mm512_loadu_ps(q); }
+    static Key key(const float* k, __mmask16) { return _mm512_loadu_ps(k); }
+    static __m512 dot(__m512 acc, Query q, Key k) { return _mm512_fmadd_ps(q, k, acc); }
+    static void values(const float* v, __mmask16, __m512 out[kParts]) { out[0] = _mm512_loadu_ps(v); }
+    static void store(float* out, __m512 acc, __m512, __m512 scale, __mmask16) {
+        _mm512_storeu_ps(out, _mm512_mul_ps(acc, scale));
+    }
+};
+
+template <bool Native>
+struct Chunks<c10::BFloat16, Native> {
+    static constexpr int64_t kWidth = 32, kParts = 2;  // parts: the even elements, the odd ones
+    struct Widened { __m512 odd, even; };
+    using Query = std::conditional_t<Native, __m512i, Widened>;
+    using Key = Query;
+
+    static __m512i load(const c10::BFloat16* p, __mmask16 m) { return _mm512_maskz_loadu_epi32(m, p); }
+    static __m512 odd(__m512i pairs) { return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536))); }
+    static __m512 even(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+
+    static __mmask16 mask(int64_t dim, int64_t c) { return lanes((dim - c * kWidth) / 2); }
+    static Query query(const c10::BFloat16* q, __mmask16 m) {
+        const __m512i pairs = load(q, m);
+        if constexpr (Native)
+            return pairs;
+        else
+            return Widened{odd(pairs), even(pairs)};
+    }
+    static Key key(const c10::BFloat16* k, __mmask16 m) { return query(k, m); }
+    static __m512 dot(__m512 acc, const Query& q, const Key& k) {
+        if constexpr (Native)
+            return _mm512_dpbf16_ps(acc, (__m512bh)q, (__m512bh)k);
+        else
+            return _mm512_fmadd_ps(q.even, k.even, _mm512_fmadd_ps(q.odd, k.odd, acc));
+    }
+    static void values(const c10::BFloat16* v, __mmask16 m, __m512 out[kParts]) {
+        const __m512i pairs = load(v, m);
+        out[0] = even(pairs);
+        out[1] = odd(pairs);
+    }
+    // each part rounded as store16 rounds, put back in pairs
+    static void store(c10::BFloat16* out, __m512 even, __m512 odd, __m512 scale, __mmask16 m) {
+        const __m512i low = tailrace::bf16_lanes(_mm512_mul_ps(even, scale));
+        const __m512i high = _mm512_slli_epi32(tailrace::bf16_lanes(_mm512_mul_ps(odd, scale)), 16);
+        _mm512_mask_storeu_epi32(out, m, _mm512_or_si512(low, high));
+    }
+};
+
 // G query heads from `head` on, all reading KV head `kv_head`, of one query row that sees
 // positions 0..last of sequence `seq`. Each key and value is read once for the G heads; each
 // head's arithmetic is its own, in the same order whatever G or the batch.
-// D: the head's vectors of 16 when known at compile time (the loops over them unroll and the
-// accumulators stay in registers), 0 to read it from p.dim.
-template <typename T, int G, int D>
+// D: the head's chunks when known at compile time (the loops over them unroll and the
+// accumulators stay in registers), 0 to work it out from p.dim.
+template <typename T, bool Native, int G, int D>
 void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
-    const int64_t n = last + 1, dim = D > 0 ? D * kLanes : p.dim, vecs = D > 0 ? D : dim / kLanes;
+    using C = Chunks<T, Native>;
+    const int64_t n = last + 1, dim = D > 0 ? D * C::kWidth : p.dim;
+    const int64_t chunks = D > 0 ? D : (dim + C::kWidth - 1) / C::kWidth;
     const int64_t padded = ((n + kLanes - 1) / kLanes) * kLanes;
     const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
     scores.resize(G * padded);
-    __m512 q[G][16];  // dim <= 256
+    float* const scored = scores.data();  // once: `scores` is thread_local, its address a call to find
+    // The arrays over heads and chunks are no larger than used, and every loop over them unrolls
+    // (the pragmas): one left rolled kept its array in memory, every accumulator update a store,
+    // and the kernel 1.5-2x slower.
+    constexpr int kMost = D > 0 ? D : 256 / C::kWidth;
+    __mmask16 mask[kMost];
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < chunks; ++c)
+        mask[c] = C::mask(dim, c);
+    typename C::Query q[G][kMost];
+#pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
         const T* q_row = p.q + row * p.q_stride + (head + g) * dim;
-        for (int64_t i = 0; i < vecs; ++i)
-            q[g][i] = load16(q_row + i * kLanes);
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < chunks; ++c)
+            q[g][c] = C::query(q_row + c * C::kWidth, mask[c]);
     }
     const __m512 scale = _mm512_set1_ps(p.scale);
     int64_t page_rows[16];
     __m512 best[G];
+#pragma GCC unroll 16
     for (int g = 0; g < G; ++g)
         best[g] = _mm512_set1_ps(-INFINITY);
     __m512 dots[G][16];
@@ -97,31 +179,37 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
         rows.fill(base, count, page_rows);
         for (int64_t t = 0; t < kLanes; ++t) {
             if (t >= count) {
+#pragma GCC unroll 16
                 for (int g = 0; g < G; ++g)
                     dots[g][t] = _mm512_setzero_ps();
                 continue;
             }
             const T* key = p.k + (page_rows[t] * p.kv_heads + kv_head) * dim;
-            __m512 k[16];
-            for (int64_t i = 0; i < vecs; ++i)
-                k[i] = load16(key + i * kLanes);
+            typename C::Key k[kMost];
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; ++c)
+                k[c] = C::key(key + c * C::kWidth, mask[c]);
+#pragma GCC unroll 16
             for (int g = 0; g < G; ++g) {
-                __m512 acc = _mm512_mul_ps(q[g][0], k[0]);
-                for (int64_t i = 1; i < vecs; ++i)
-                    acc = _mm512_fmadd_ps(q[g][i], k[i], acc);
+                __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 16
+                for (int64_t c = 0; c < chunks; ++c)
+                    acc = C::dot(acc, q[g][c], k[c]);
                 dots[g][t] = acc;
             }
         }
         const __mmask16 live = lanes(count);
+#pragma GCC unroll 16
         for (int g = 0; g < G; ++g) {
             const __m512 s = _mm512_mul_ps(sum_lanes16(dots[g]), scale);
-            _mm512_storeu_ps(scores.data() + g * padded + base, s);
+            _mm512_storeu_ps(scored + g * padded + base, s);
             best[g] = _mm512_mask_max_ps(best[g], live, best[g], s);
         }
     }
     __m512 inverse[G];
+#pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
-        float* head_scores = scores.data() + g * padded;
+        float* head_scores = scored + g * padded;
         const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(best[g]));
         __m512 total = _mm512_setzero_ps();
         for (int64_t base = 0; base < n; base += kLanes) {
@@ -132,66 +220,79 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
         }
         inverse[g] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
     }
-    __m512 acc[G][16];
+    __m512 acc[G][kMost][C::kParts];
+#pragma GCC unroll 16
     for (int g = 0; g < G; ++g)
-        for (int64_t i = 0; i < vecs; ++i)
-            acc[g][i] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < chunks; ++c)
+#pragma GCC unroll 16
+            for (int64_t part = 0; part < C::kParts; ++part)
+                acc[g][c][part] = _mm512_setzero_ps();
     for (int64_t base = 0; base < n; base += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, n - base);
         rows.fill(base, count, page_rows);
         for (int64_t t = 0; t < count; ++t) {
             const T* value = p.v + (page_rows[t] * p.kv_heads + kv_head) * dim;
             __m512 weight[G];
+#pragma GCC unroll 16
             for (int g = 0; g < G; ++g)
-                weight[g] = _mm512_set1_ps(scores[g * padded + base + t]);
-            for (int64_t i = 0; i < vecs; ++i) {
-                const __m512 v = load16(value + i * kLanes);
+                weight[g] = _mm512_set1_ps(scored[g * padded + base + t]);
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; ++c) {
+                __m512 v[C::kParts];
+                C::values(value + c * C::kWidth, mask[c], v);
+#pragma GCC unroll 8
                 for (int g = 0; g < G; ++g)
-                    acc[g][i] = _mm512_fmadd_ps(weight[g], v, acc[g][i]);
+#pragma GCC unroll 2
+                    for (int64_t part = 0; part < C::kParts; ++part)
+                        acc[g][c][part] = _mm512_fmadd_ps(weight[g], v[part], acc[g][c][part]);
             }
         }
     }
+#pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
         T* out = p.out + (row * p.heads + head + g) * dim;
-        for (int64_t i = 0; i < vecs; ++i)
-            store16(out + i * kLanes, _mm512_mul_ps(acc[g][i], inverse[g]));
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < chunks; ++c)
+            C::store(out + c * C::kWidth, acc[g][c][0], acc[g][c][C::kParts - 1], inverse[g], mask[c]);
     }
 }
 
-constexpr int64_t kMaxGroup = 8;
-constexpr int64_t kRowsPerThread = 4;  // rows a thread needs before a task takes a whole row  // query heads done together: their queries stay in registers
+constexpr int64_t kMaxGroup = 8;  // query heads done together: their queries stay in registers
+constexpr int64_t kRowsPerThread = 4;  // rows a thread needs before a task takes a whole row
 
-template <typename T, int D>
+template <typename T, bool Native, int D>
 void attend_some(const PagedAttention<T>& p, int64_t count, int64_t row, int64_t head, int64_t kv_head, int64_t seq,
                  int64_t last, std::vector<float>& scores) {
     switch (count) {
-        case 1: return attend_group<T, 1, D>(p, row, head, kv_head, seq, last, scores);
-        case 2: return attend_group<T, 2, D>(p, row, head, kv_head, seq, last, scores);
-        case 3: return attend_group<T, 3, D>(p, row, head, kv_head, seq, last, scores);
-        case 4: return attend_group<T, 4, D>(p, row, head, kv_head, seq, last, scores);
-        case 5: return attend_group<T, 5, D>(p, row, head, kv_head, seq, last, scores);
-        case 6: return attend_group<T, 6, D>(p, row, head, kv_head, seq, last, scores);
-        case 7: return attend_group<T, 7, D>(p, row, head, kv_head, seq, last, scores);
-        default: return attend_group<T, 8, D>(p, row, head, kv_head, seq, last, scores);
+        case 1: return attend_group<T, Native, 1, D>(p, row, head, kv_head, seq, last, scores);
+        case 2: return attend_group<T, Native, 2, D>(p, row, head, kv_head, seq, last, scores);
+        case 3: return attend_group<T, Native, 3, D>(p, row, head, kv_head, seq, last, scores);
+        case 4: return attend_group<T, Native, 4, D>(p, row, head, kv_head, seq, last, scores);
+        case 5: return attend_group<T, Native, 5, D>(p, row, head, kv_head, seq, last, scores);
+        case 6: return attend_group<T, Native, 6, D>(p, row, head, kv_head, seq, last, scores);
+        case 7: return attend_group<T, Native, 7, D>(p, row, head, kv_head, seq, last, scores);
+        default: return attend_group<T, Native, 8, D>(p, row, head, kv_head, seq, last, scores);
     }
 }
 
 // Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time; head_dim 32, 64
 // and 128 (the embedded model's and the common ones) compiled for their size.
-template <typename T>
+template <typename T, bool Native>
 void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
+    constexpr int64_t width = Chunks<T, Native>::kWidth;
     const int64_t group = p.heads / p.kv_heads;
     for (int64_t done = 0; done < group; done += kMaxGroup) {
         const int64_t head = kv_head * group + done, count = std::min(kMaxGroup, group - done);
         if (p.dim == 32)
-            attend_some<T, 2>(p, count, row, head, kv_head, seq, last, scores);
+            attend_some<T, Native, 32 / width>(p, count, row, head, kv_head, seq, last, scores);
         else if (p.dim == 64)
-            attend_some<T, 4>(p, count, row, head, kv_head, seq, last, scores);
+            attend_some<T, Native, 64 / width>(p, count, row, head, kv_head, seq, last, scores);
         else if (p.dim == 128)
-            attend_some<T, 8>(p, count, row, head, kv_head, seq, last, scores);
+            attend_some<T, Native, 128 / width>(p, count, row, head, kv_head, seq, last, scores);
         else
-            attend_some<T, 0>(p, count, row, head, kv_head, seq, last, scores);
+            attend_some<T, Native, 0>(p, count, row, head, kv_head, seq, last, scores);
     }
 }
 
@@ -253,15 +354,19 @@ void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows
     const int64_t heads_per_item = num_rows >= kRowsPerThread * threads ? p.kv_heads : 1;
     const int64_t items_per_row = p.kv_heads / heads_per_item, items = num_rows * items_per_row;
     const int64_t group = p.heads / p.kv_heads;
+    const bool native = tailrace::native_bf16_dot();
     tailrace::parallel_chunks(items, 1, [&](int64_t taken, int64_t) {
         thread_local std::vector<float> scores;
         const int64_t item = items - 1 - taken;
         const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
         for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
-            if (rows.seq[row] >= 0)
-                attend_heads(p, row, kv_head, rows.seq[row], rows.last[row], scores);
-            else
+            if (rows.seq[row] < 0)
                 std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
+            else if constexpr (std::is_same_v<T, c10::BFloat16>)
+                native ? attend_heads<T, true>(p, row, kv_head, rows.seq[row], rows.last[row], scores)
+                       : attend_heads<T, false>(p, row, kv_head, rows.seq[row], rows.last[row], scores);
+            else
+                attend_heads<T, false>(p, row, kv_head, rows.seq[row], rows.last[row], scores);
         }
     });
 }

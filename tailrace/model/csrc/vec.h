@@ -43,15 +43,16 @@ inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
 inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
 
-// Round to nearest even, as PyTorch's float -> bfloat16 conversion (NaN kept, made quiet).
-inline __m256i to_bf16_bits(__m512 v) {
+// Round to nearest even, as PyTorch's float -> bfloat16 conversion (NaN kept, made quiet): the
+// bfloat16 bits in the low half of each 32-bit lane.
+inline __m512i bf16_lanes(__m512 v) {
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
-    return _mm512_cvtepi32_epi16(rounded);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
+
+inline __m256i to_bf16_bits(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
 
 inline void store16(c10::BFloat16* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(v)); }
 
