@@ -136,9 +136,8 @@ def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list
         slots.extend(table[p // block] * block + p % block for p in range(past, past + len(row)))
     batch = AttentionBatch(slices, torch.tensor(slots))
     cache.begin(batch)
-    hidden = model(torch.tensor(ids), torch.tensor(positions), batch, cache)
-    last = torch.tensor([s.q_start + s.q_len - 1 for s in slices])
-    return model.compute_logits(hidden[last])
+    last = [s.q_start + s.q_len - 1 for s in slices]
+    return model.compute_logits(model(torch.tensor(ids), torch.tensor(positions), batch, cache, last))
 
 
 def sequence_cache(model, config, tokens: int, block: int = 16, attention: str = "auto") -> tuple[KVCache, list[int]]:

@@ -62,9 +62,11 @@ def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
                         torch.bfloat16, max_seqs=8)
 
 
-def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int, int, int]]) -> torch.Tensor:
-    """The hidden states of one flat batch; sequence s owns every 4th block from s, so no table
-    is in physical order, and token ids follow from the sequence and position."""
+def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int, int, int]],
+             rows: list[int] | None = None) -> torch.Tensor:
+    """The hidden states of one flat batch (of `rows` only, if given); sequence s owns every 4th
+    block from s, so no table is in physical order, and token ids follow from the sequence and
+    position."""
     seqs, slots, ids, positions = [], [], [], []
     for seq, past, new in step:
         table = list(range(seq, NUM_BLOCKS, 4))
@@ -75,7 +77,7 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
             positions.append(pos)
     batch = AttentionBatch(seqs, torch.tensor(slots))
     cache.begin(batch)
-    return model(torch.tensor(ids), torch.tensor(positions), batch, cache)
+    return model(torch.tensor(ids), torch.tensor(positions), batch, cache, rows)
 
 
 @pytest.mark.parametrize("model_type, quantization, tied", [
@@ -118,6 +120,23 @@ def test_weights_gathered_onto_huge_pages_in_reading_order_change_no_bit(quantiz
         model.model.fused_forward = None
     got, expected = (run_step(model, cache, [(0, 23, 1), (3, 23, 1)]) for model, cache in caches.items())
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("quantization", [None, pytest.param("int4", marks=needs_int_kernel)])
+def test_the_last_layer_computes_only_the_wanted_rows_with_their_bits_and_every_rows_kv(quantization):
+    """The rows that need logits (each sequence's last, a few for prompt logprobs, or none) come out
+    with the bits the whole step gives them, and the stored K/V is every row's."""
+    model = random_model("qwen3", quantization=quantization)
+    for rows in ([19, 54, 61], [0, 1, 2, 40, 61], [], list(range(62))):
+        whole_cache, rows_cache = new_cache(model), new_cache(model)
+        whole = run_step(model, whole_cache, STEPS[0])
+        assert torch.equal(run_step(model, rows_cache, STEPS[0], rows), whole[rows])
+        assert torch.equal(rows_cache.k, whole_cache.k) and torch.equal(rows_cache.v, whole_cache.v)
+        model.model.fused_forward, fused = None, model.model.fused_forward
+        assert torch.equal(run_step(model, new_cache(model), STEPS[0], rows), whole[rows])
+        model.model.fused_forward = fused
+    with pytest.raises(RuntimeError, match="ascending"):
+        run_step(model, new_cache(model), STEPS[0], [5, 3])
 
 
 def test_a_decode_row_has_the_same_bits_alone_and_in_a_mixed_batch():

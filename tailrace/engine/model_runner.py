@@ -160,8 +160,8 @@ class ModelRunner:
         for seq_id in step.released:
             self.cache.release(seq_id)
         self.cache.begin(step.inputs.batch)
-        hidden = self.model(step.inputs.input_ids, step.inputs.positions, step.inputs.batch, self.cache)
-        self.model.compute_logits(take_rows(hidden, step.rows))
+        self.model.compute_logits(self.model(step.inputs.input_ids, step.inputs.positions, step.inputs.batch,
+                                             self.cache, step.rows))
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSeq], eos_token_ids: list[int]) -> LaunchedStep:
@@ -181,8 +181,8 @@ class ModelRunner:
         if graph_size is not None:
             logits = take_rows(self.graphs.replay(graph_size), need.rows)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache)
-            logits = self.model.compute_logits(take_rows(hidden, need.rows))
+            logits = self.model.compute_logits(self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache,
+                                                          need.rows))
         if self.tp is not None:
             self.tp.step_done()
         step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)

@@ -90,10 +90,12 @@ class FusedForward:
         return isinstance(cache, PagedKVCache) and cache.runs_native_kernel and cache.dtype == torch.bfloat16
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                 cache: PagedKVCache) -> torch.Tensor:
+                 cache: PagedKVCache, rows: list[int] | None = None) -> torch.Tensor:
         meta = cache.step_metadata(batch)
+        wanted = None if rows is None or len(rows) == len(input_ids) else torch.tensor(rows, dtype=torch.long)
         return self._forward.forward(input_ids, positions, cache.k, cache.v, batch.slot_mapping, meta.query_start_loc,
-                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale)
+                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale,
+                                     wanted)
 
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).

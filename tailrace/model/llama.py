@@ -218,16 +218,22 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         batch: AttentionBatch,
         cache: KVCache,
+        rows: list[int] | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden]; `cache.begin(batch)` first."""
+        """input_ids, positions [T] -> final hidden states [T, hidden], or only those of `rows`
+        (ascending) [len(rows), hidden]: every row's K/V is stored either way; `cache.begin(batch)`
+        first."""
         fused = self.model.fused_forward
         if fused is not None and fused.takes(cache):
-            return fused(input_ids, positions, batch, cache)
+            return fused(input_ids, positions, batch, cache, rows)
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary(positions)
         for layer in self.model.layers:
             h = layer(h, cos, sin, batch, cache)
-        return self.model.norm(h)
+        h = self.model.norm(h)
+        if rows is None or len(rows) == h.shape[0]:  # ascending distinct rows: every row
+            return h
+        return h[torch.tensor(rows, dtype=torch.long, device=h.device)]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -113,14 +113,19 @@ public:
         final_norm_ = final_norm;
     }
 
-    // ids, positions [T] int64 -> the final norm's rows [T, hidden]. k/v pages [layers, slots, kv
-    // heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
+    // ids, positions [T] int64 -> the final norm's rows [T, hidden], or only those of `wanted` (int64
+    // [R], ascending) [R, hidden]: every row's K/V is stored, but the last layer computes the rest
+    // (attention, o_proj, the MLP) for the wanted rows alone, as llama.cpp does. k/v pages [layers,
+    // slots, kv heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
     torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
                           const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                           const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                          const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) const {
+                          const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale,
+                          const c10::optional<torch::Tensor>& wanted) const {
         TORCH_CHECK(embedding_.defined(), "set_outer must come before forward");
         check_step(ids, positions, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
+        if (wanted)
+            check_wanted(*wanted, ids.size(0));
         const int64_t T = ids.size(0), slots = k_pages.size(1);
         const int64_t* slot = slot_mapping.data_ptr<int64_t>();
         for (int64_t t = 0; t < T; ++t)
@@ -138,11 +143,14 @@ public:
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
                   rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
         for (size_t l = 0; l < layers_.size(); ++l) {
-            attention(layers_[l], static_cast<int64_t>(l), step);
+            project(layers_[l], static_cast<int64_t>(l), step);
+            if (wanted && l + 1 == layers_.size())
+                keep_rows(step, *wanted);
+            attend(layers_[l], step);
             feed_forward(layers_[l], step);
         }
-        torch::Tensor out = rows(hidden_);
-        tailrace::rms_norm_rows(bf16(h), bf16(final_norm_), out.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
+        torch::Tensor out = torch::empty({step.T, hidden_}, bf16_rows);
+        tailrace::rms_norm_rows(bf16(step.h), bf16(final_norm_), out.data_ptr<BF16>(), step.T, hidden_, hidden_, eps_);
         return out;
     }
 
@@ -159,6 +167,7 @@ private:
         float scale;
         tailrace::QueryRows rows;
         torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
+        BF16 *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
     };
 
     int64_t qkv_width() const { return (heads_ + 2 * kv_heads_) * dim_; }
@@ -188,8 +197,8 @@ private:
         }
     }
 
-    // h + o_proj(attention(rotary(q/k norms(qkv_proj(norm(h)))))), the step's K/V stored into layer l's pages
-    void attention(const Layer& w, int64_t l, Step& s) const {
+    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, the step's K/V stored into layer l's pages
+    void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_, kv_width = kv_heads_ * dim_;
         BF16* h = s.h.data_ptr<BF16>();
         tailrace::rms_norm_rows(h, bf16(w.input_norm), s.x.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
@@ -217,12 +226,37 @@ private:
             std::memcpy(v_layer + s.slot[t] * kv_width, bf16(s.qkv) + t * qkv_width() + qk_heads * dim_,
                         kv_width * sizeof(BF16));
         }
+        s.k_layer = k_layer;
+        s.v_layer = v_layer;
+    }
+
+    // h + o_proj(attention of s.rotated's queries over the layer's pages), project's layer
+    void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<BF16> problem{
-            bf16(s.rotated), qk_heads * dim_, k_layer, v_layer, s.attended.data_ptr<BF16>(), s.tables,
+            bf16(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, s.attended.data_ptr<BF16>(), s.tables,
             s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
-        add(h, bf16(s.y), h, T * hidden_);
+        BF16* h = s.h.data_ptr<BF16>();
+        add(h, bf16(s.y), h, s.T * hidden_);
+    }
+
+    // The step narrowed to the `wanted` rows: their residual rows, rotated queries and query rows,
+    // and the row buffers' first rows.
+    static void keep_rows(Step& s, const torch::Tensor& wanted) {
+        const int64_t* row = wanted.data_ptr<int64_t>();
+        const int64_t R = wanted.size(0);
+        s.h = s.h.index_select(0, wanted);
+        s.rotated = s.rotated.index_select(0, wanted);
+        tailrace::QueryRows kept{std::vector<int64_t>(R), std::vector<int64_t>(R)};
+        for (int64_t r = 0; r < R; ++r) {
+            kept.seq[r] = s.rows.seq[row[r]];
+            kept.last[r] = s.rows.last[row[r]];
+        }
+        s.rows = std::move(kept);
+        for (torch::Tensor* buffer : {&s.x, &s.attended, &s.y, &s.gate_up, &s.act})
+            *buffer = buffer->narrow(0, 0, R);
+        s.T = R;
     }
 
     // h + down_proj(silu(gate) * up of gate_up_proj(norm(h)))
@@ -277,6 +311,15 @@ private:
                     ", ", in / 2, ", 32]");
     }
 
+    static void check_wanted(const torch::Tensor& wanted, int64_t T) {
+        TORCH_CHECK(wanted.scalar_type() == torch::kInt64 && wanted.dim() == 1 && wanted.is_contiguous(),
+                    "wanted must be contiguous int64 [R]");
+        const int64_t* row = wanted.data_ptr<int64_t>();
+        for (int64_t r = 0; r < wanted.size(0); ++r)
+            TORCH_CHECK(0 <= row[r] && row[r] < T && (r == 0 || row[r - 1] < row[r]),
+                        "wanted must be ascending rows of the step");
+    }
+
     void check_step(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
                     const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                     const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
@@ -317,5 +360,6 @@ void register_decoder(pybind11::module& m) {
         .def("set_outer", &DecoderForward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
              py::arg("cos"), py::arg("sin"), py::arg("final_norm"))
         .def("forward", &DecoderForward::forward, py::call_guard<py::gil_scoped_release>(),
-             "ids, positions [T] -> the final norm's rows [T, hidden], the step's K/V stored into the pages");
+             "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
+             "into the pages"); 
 }
