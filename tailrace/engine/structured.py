@@ -194,10 +194,12 @@ class GrammarCompiler:
 
 class MaskWorker:
     """The model runner's thread for filling masks while the model runs on a device (started on
-    first use). With `overlap` off (CPU) the engine thread fills them once the forward is done: a
-    mask thread (and llguidance's own) beside the forward's threads on the same cores slowed every
-    row, 16.5% off the unconstrained decode rate with 4 of 16 rows constrained against 6.0%
-    filling in line (bench/RESULTS.md, issue 15)."""
+    first use). With `overlap` off (CPU) the engine thread fills them in line: a mask thread (and
+    llguidance's own) beside the forward's threads on the same cores slowed every row, 16.5% off
+    the unconstrained decode rate with 4 of 16 rows constrained against 6.0% filling in line. In
+    line, as the step starts rather than after its forward: the grammars' tables are still in the
+    caches from consuming the last tokens, and 4 masks took 126-132 us against 170-191 after the
+    forward (bench/RESULTS.md, issue 15)."""
 
     def __init__(self, vocab_size: int, overlap: bool = True) -> None:
         self.vocab_size = vocab_size
@@ -206,7 +208,7 @@ class MaskWorker:
         self._executor: llguidance.LLExecutor | None = None
 
     def start(self, grammars: list[SequenceGrammar]) -> MaskJob:
-        """Begin filling the masks of these sequences' next tokens (without overlap: when waited for)."""
+        """Begin filling the masks of these sequences' next tokens (without overlap: fill them now)."""
         if not self.overlap:
             return MaskJob(None, None, grammars, self.vocab_size)
         if self._pool is None:
@@ -222,11 +224,12 @@ class MaskJob:
 
     def __init__(self, pool: ThreadPoolExecutor | None, executor: llguidance.LLExecutor | None,
                  grammars: list[SequenceGrammar], vocab_size: int) -> None:
-        """With a pool the masks are filled on it now; without, by the first `wait`."""
+        """With a pool the masks are filled on it; without, here, before this returns."""
         self.vocab_size = vocab_size
         self.bitmask = np.zeros((len(grammars), (vocab_size + 31) // 32), dtype=np.uint32)
-        self._grammars: list[SequenceGrammar] | None = None if pool is not None else grammars
         self._done: Future | None = pool.submit(self._fill, executor, grammars) if pool is not None else None
+        if pool is None:
+            self._fill(None, grammars)
 
     def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar]) -> None:
         # llguidance writes each mask at base + k * row_bytes and releases the GIL while it works.
@@ -247,9 +250,6 @@ class MaskJob:
         """The bitmask, once filled."""
         if self._done is not None:
             self._done.result()
-        elif self._grammars is not None:
-            self._fill(None, self._grammars)
-            self._grammars = None
         return self.bitmask
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
