@@ -233,7 +233,9 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.norm(h)
         if rows is None or len(rows) == h.shape[0]:  # ascending distinct rows: every row
             return h
-        return h[torch.tensor(rows, dtype=torch.long, device=h.device)]
+        # pinned, and queued without waiting: a pageable copy to a GPU would wait for the forward
+        index = torch.tensor(rows, dtype=torch.long, pin_memory=h.is_cuda).to(h.device, non_blocking=True)
+        return h[index]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
