@@ -25,8 +25,8 @@ from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.huge_pages import Arena
 from tailrace.model.int_linear import IntLinear
-from tailrace.model.llama import (MLP, Attention, DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
-                                  replace_modules)
+from tailrace.model.llama import (DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
+                                  replace_elementwise)
 from tailrace.model.paged_attention import PagedKVCache
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -53,13 +53,7 @@ def usable(model: LlamaForCausalLM, device: torch.device) -> bool:
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every RMSNorm, rotary embedding and SiLU-and-multiply of the model through the kernels, in place."""
     ops = kernels()
-    replace_modules(model, RMSNorm, KernelRMSNorm)
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rotate = ops.rotary
-        elif isinstance(module, MLP):
-            module.act_and_mul = ops.silu_mul
-    return model
+    return replace_elementwise(model, KernelRMSNorm, ops.rotary, ops.silu_mul)
 
 
 class FusedForward:

@@ -253,6 +253,21 @@ def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.
                 setattr(parent, name, make(child))
 
 
+def replace_elementwise(model: LlamaForCausalLM, norm: Callable[[RMSNorm], Module],
+                        rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                        act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> LlamaForCausalLM:
+    """Every RMSNorm replaced in place by norm(it), and every attention's rotary embedding and every
+    MLP's SiLU-and-multiply by these functions: how a device's own kernels for them enter the model
+    (model/cpu_ops.py, model/triton_ops.py)."""
+    replace_modules(model, RMSNorm, norm)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rotate = rotate
+        elif isinstance(module, MLP):
+            module.act_and_mul = act_and_mul
+    return model
+
+
 def replace_projections(
     model: LlamaForCausalLM, make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
 ) -> None:

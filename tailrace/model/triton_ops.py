@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tailrace.model.llama import MLP, Attention, LlamaForCausalLM, Module, RMSNorm, replace_modules
+from tailrace.model.llama import LlamaForCausalLM, Module, RMSNorm, replace_elementwise
 
 DTYPES = (torch.bfloat16, torch.float16)
 _SILU_BLOCK = 1024  # output columns per program
@@ -27,13 +27,7 @@ _SILU_BLOCK = 1024  # output columns per program
 
 def use_triton_ops(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every RMSNorm, rotary embedding and SiLU-and-multiply of the model through the kernels, in place."""
-    replace_modules(model, RMSNorm, TritonRMSNorm)
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rotate = rotary
-        elif isinstance(module, MLP):
-            module.act_and_mul = silu_mul
-    return model
+    return replace_elementwise(model, TritonRMSNorm, rotary, silu_mul)
 
 
 class TritonRMSNorm(Module):
