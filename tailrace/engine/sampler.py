@@ -201,8 +201,10 @@ def _biased_or_penalised(p: SamplingParams) -> bool:
 
 
 def _only_min_tokens(row: SamplingRow, vocab: int) -> bool:
+    # The two lists' lengths bound _stop_ids' size without building the set for every row of every
+    # step (_mask_until_min_tokens builds it for the rows it masks).
     return not (row.masked or row.params.logprobs is not None or _biased_or_penalised(row.params)
-                or len(_stop_ids(row)) >= vocab)
+                or len(row.params.stop_token_ids) + len(row.eos_token_ids) >= vocab)
 
 
 def _stop_ids(row: SamplingRow) -> set[int]:
