@@ -106,7 +106,7 @@ def test_kernel_multiplies_by_codes_times_scales(form, rows, out_features, block
 
 @needs_kernel
 @settings(max_examples=20, deadline=None)
-@given(form=forms, rows=st.integers(2, 40), seed=st.integers(0, 2**16), threads=st.sampled_from([1, 2, 3]))
+@given(form=forms, rows=st.integers(2, 70), seed=st.integers(0, 2**16), threads=st.sampled_from([1, 2, 3]))
 def test_a_rows_bits_do_not_depend_on_its_batch(form, rows, seed, threads):
     codes, scales, zero = _random_weight(*form, 70, 6 * BLOCK, seed)
     layer = IntLinear(codes, scales, zero, None)

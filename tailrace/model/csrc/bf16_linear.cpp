@@ -134,23 +134,26 @@ void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, 
     tile_cols<Dot, V, MT>(p, m0, v0, nt, kp0, kp1, part, first, last);
 }
 
-// One thread's share: vectors [v_begin, v_end) in groups of up to V, every row, R rows a tile. K
-// is the middle loop so that a group's block of weights is read from memory once and reused by
-// every row tile from cache.
+// One unit of work: vectors [v_begin, v_end) in groups of up to V, rows [m_begin, m_end), R rows
+// a tile. K is the middle loop so that a group's block of weights is read from memory once and
+// reused by every row tile from cache.
 template <typename Dot, int R, int V>
-void run_groups(const Problem& p, int64_t v_begin, int64_t v_end) {
-    const int64_t row_tiles = (p.M + R - 1) / R;
+void run_groups(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end) {
+    const int64_t row_tiles = (m_end - m_begin + R - 1) / R;
     const int64_t blocks = (p.KP + kBlockPairs - 1) / kBlockPairs;
-    std::vector<float> parts(blocks > 1 ? row_tiles * R * V * kLanes : 0);
+    // the tiles' float32 sums between K blocks, kept by the thread from unit to unit
+    thread_local std::vector<float> parts;
+    if (blocks > 1 && static_cast<int64_t>(parts.size()) < row_tiles * R * V * kLanes)
+        parts.resize(row_tiles * R * V * kLanes);
     for (int64_t v0 = v_begin; v0 < v_end; v0 += V) {
         const int64_t nt = std::min<int64_t>(V, v_end - v0);
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t kp0 = b * kBlockPairs;
             const int64_t kp1 = std::min(p.KP, kp0 + kBlockPairs);
             for (int64_t t = 0; t < row_tiles; ++t) {
-                const int64_t m0 = t * R;
-                float* part = parts.empty() ? nullptr : parts.data() + t * R * V * kLanes;
-                tile_any<Dot, V, R>(p, m0, std::min<int64_t>(R, p.M - m0), v0, nt, kp0, kp1, part, b == 0,
+                const int64_t m0 = m_begin + t * R;
+                float* part = blocks > 1 ? parts.data() + t * R * V * kLanes : nullptr;
+                tile_any<Dot, V, R>(p, m0, std::min<int64_t>(R, m_end - m0), v0, nt, kp0, kp1, part, b == 0,
                                     b == blocks - 1);
             }
         }
@@ -216,15 +219,16 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     // 4, a one-row bfloat16 decode step of SmolLM2-135M 5% faster on a 2-core Zen 4, where software
     // prefetching made it slower (bench/RESULTS.md, fifteenth session).
     const bool wide = !native && p.M >= kWideFrom;
-    tailrace::parallel_vectors(p.NV, wide ? 2 : 4, p.M, [&](int64_t v0, int64_t v1) {
+    const int64_t row_tile = native ? 4 : wide ? 12 : 4;
+    tailrace::parallel_vectors(p.NV, wide ? 2 : 4, p.M, row_tile, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
         if (native && p.M == 1)
-            run_groups<Native, 1, 8>(p, v0, v1);
+            run_groups<Native, 1, 8>(p, v0, v1, m0, m1);
         else if (native)
-            run_groups<Native, 4, 4>(p, v0, v1);
+            run_groups<Native, 4, 4>(p, v0, v1, m0, m1);
         else if (wide)
-            run_groups<Emulated, 12, 2>(p, v0, v1);
+            run_groups<Emulated, 12, 2>(p, v0, v1, m0, m1);
         else
-            run_groups<Emulated, 4, 4>(p, v0, v1);
+            run_groups<Emulated, 4, 4>(p, v0, v1, m0, m1);
     });
 }
 

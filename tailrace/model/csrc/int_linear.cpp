@@ -256,32 +256,37 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
     }
 }
 
-// One thread's share: vectors [v_begin, v_end) in tiles of up to 4, every row. The blocks are the
-// middle loop so that a tile's codes are read from memory once a chunk and reused by every row
-// tile from cache.
+// One unit of work: vectors [v_begin, v_end) in tiles of up to 4, rows [m_begin, m_end). The blocks
+// are the middle loop so that a tile's codes are read from memory once a chunk and reused by every
+// row tile from cache.
 template <int Bits, Scales S, typename T>
-void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, T* y) {
-    const int64_t row_tiles = (p.M + kRows - 1) / kRows;
+void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end, T* y) {
+    const int64_t row_tiles = (m_end - m_begin + kRows - 1) / kRows;
     std::vector<float> parts(row_tiles * kRows * kVectors * kLanes);
     for (int64_t v0 = v_begin; v0 < v_end; v0 += kVectors) {
         const int64_t nt = std::min(kVectors, v_end - v0);
         std::fill(parts.begin(), parts.end(), 0.0f);
         for (int64_t b0 = 0; b0 < p.KB; b0 += kChunkBlocks)
-            for (int64_t r = 0; r < row_tiles; ++r)
-                tile_any<Bits, S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, nt, b0,
-                                  std::min(p.KB, b0 + kChunkBlocks), parts.data() + r * kRows * kVectors * kLanes);
-        for (int64_t r = 0; r < row_tiles; ++r)
-            store_outputs<S>(p, r * kRows, std::min(kRows, p.M - r * kRows), v0, nt,
-                             parts.data() + r * kRows * kVectors * kLanes, y);
+            for (int64_t r = 0; r < row_tiles; ++r) {
+                const int64_t m0 = m_begin + r * kRows;
+                tile_any<Bits, S>(p, m0, std::min(kRows, m_end - m0), v0, nt, b0, std::min(p.KB, b0 + kChunkBlocks),
+                                  parts.data() + r * kRows * kVectors * kLanes);
+            }
+        for (int64_t r = 0; r < row_tiles; ++r) {
+            const int64_t m0 = m_begin + r * kRows;
+            store_outputs<S>(p, m0, std::min(kRows, m_end - m0), v0, nt, parts.data() + r * kRows * kVectors * kLanes, y);
+        }
     }
 }
 
-// The vectors that hold outputs, split over the threads as parallel.h splits a projection's. Each
-// output's arithmetic is the same whichever thread computes it.
+// The vectors that hold outputs and the rows, split over the threads as parallel.h splits a
+// projection's. Each output's arithmetic is the same whichever thread computes it.
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
-    tailrace::parallel_vectors(used, kVectors, p.M, [&](int64_t v0, int64_t v1) { run_tiles<Bits, S>(p, v0, v1, y); });
+    tailrace::parallel_vectors(used, kVectors, p.M, kRows, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
+        run_tiles<Bits, S>(p, v0, v1, m0, m1, y);
+    });
 }
 
 template <int Bits, typename T>
