@@ -1,7 +1,12 @@
 """The elementwise kernels against the eager reference: bitwise at bfloat16 (the same rounding
-points), within float32 rounding at float32; and a model that uses them."""
+points; with AVX512-BF16's rounding instruction, values rounded from subnormals aside), within
+float32 rounding at float32; and a model that uses them."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -56,6 +61,32 @@ def test_silu_mul_is_the_eager_activation(dtype, tolerance):
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamps and the zeros
     assert_matches(kernels().silu_mul(gate_up), silu_and_mul(gate_up), tolerance)
     assert kernels().silu_mul(gate_up[:0]).shape == (0, 200)
+
+
+def test_subnormals_are_kept_by_the_integer_rounding_and_only_they_may_differ_natively(tmp_path):
+    """TAILRACE_CPU_BF16_DOT=0 rounds to bfloat16 by integer ops, as CPUs without AVX512-BF16 do
+    (in a child process, the choice being process-wide): the eager bits, subnormals included.
+    vcvtneps2bf16 takes a subnormal float32 as zero: with it, only what came of one may differ."""
+    generator = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(4, 2 * 64, generator=generator) * 3).bfloat16()
+    gate_up[:, :16] = torch.tensor(2e-39).bfloat16() * torch.arange(1, 17)  # silu of these is subnormal
+    x = (torch.randn(4, 64, generator=generator) * 3).bfloat16()
+    x[0] = torch.tensor(1e-39).bfloat16()  # the norm's scaled row is subnormal before the weight
+    weight = torch.randn(64, generator=generator).bfloat16()
+    torch.save((gate_up, x, weight), tmp_path / "in.pt")
+    child = ("import sys, torch; from tailrace.model.cpu_kernels import kernels; g, x, w = torch.load(sys.argv[1]); "
+             "torch.save((kernels().silu_mul(g), kernels().rms_norm(x, w, 1e-5)), sys.argv[2])")
+    subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0"}, check=True)
+    norm = RMSNorm(64, 1e-5, torch.bfloat16)
+    norm.weight.copy_(weight)
+    expected = [silu_and_mul(gate_up), norm(x)]
+    assert any((e.float().abs() < torch.finfo(torch.float32).tiny).logical_and(e != 0).any() for e in expected)
+    for integer, here, eager in zip(torch.load(tmp_path / "out.pt"), [kernels().silu_mul(gate_up),
+                                                                      kernels().rms_norm(x, weight, 1e-5)], expected):
+        assert torch.equal(integer, eager)
+        differ = here != eager  # where a value rounded on the way was subnormal: zero, not a tiny value
+        assert (here[differ] == 0).all() and (eager[differ].float().abs() < 1e-30).all()
 
 
 def test_kernels_refuse_what_they_cannot_compute():

@@ -33,11 +33,14 @@ constexpr int64_t kAddGrain = 1 << 14;
 // out = a + b as eager bfloat16 PyTorch adds: both widened to float32, summed, rounded once
 // (round to nearest even). out may be a.
 void add(const BF16* a, const BF16* b, BF16* out, int64_t n) {
-    at::parallel_for(0, n, kAddGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; i += kLanes) {
-            const __mmask16 m = lanes(end - i);
-            store16(out + i, _mm512_add_ps(load16(a + i, m), load16(b + i, m)), m);
-        }
+    tailrace::with_rounding<BF16>([&](auto native) {
+        constexpr bool N = decltype(native)::value;
+        at::parallel_for(0, n, kAddGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; i += kLanes) {
+                const __mmask16 m = lanes(end - i);
+                store16<N>(out + i, _mm512_add_ps(load16(a + i, m), load16(b + i, m)), m);
+            }
+        });
     });
 }
 

@@ -8,6 +8,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace tailrace {
@@ -19,6 +20,15 @@ void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t ve
 // bf16_linear.cpp: whether bfloat16 pairs are summed by AVX512-BF16's vdpbf16ps (else by two FMAs
 // a pair, the same sums): the CPU has it, and TAILRACE_CPU_BF16_DOT=0 does not ask for the FMAs.
 bool native_bf16_dot();
+// f(std::true_type{}) where rows of T round to bfloat16 by vcvtneps2bf16 (T bfloat16 and
+// native_bf16_dot()), else f(std::false_type{}): the Native argument of vec.h's rounding.
+template <typename T, typename F>
+void with_rounding(F&& f) {
+    if (std::is_same_v<T, c10::BFloat16> && native_bf16_dot())
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
 // bf16_amx.cpp: the same product on AMX tiles; false (and nothing written) where they cannot run:
 // no AMX, the OS refused the tile state, TAILRACE_CPU_AMX=0, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,

@@ -39,10 +39,6 @@ inline __m512 load16(const c10::BFloat16* p) { return widen(_mm256_loadu_si256(r
 
 inline __m512 load16(const c10::BFloat16* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
 
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-
-inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-
 // Round to nearest even, as PyTorch's float -> bfloat16 conversion (NaN kept, made quiet): the
 // bfloat16 bits in the low half of each 32-bit lane.
 inline __m512i bf16_lanes(__m512 v) {
@@ -52,16 +48,38 @@ inline __m512i bf16_lanes(__m512 v) {
     return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
 
-inline __m256i to_bf16_bits(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+// The same rounding to 16 bfloat16. Native: AVX512-BF16's vcvtneps2bf16, one instruction for the
+// eight above, which takes float32 denormals as zero where PyTorch keeps them (the one difference,
+// as in bf16_linear.cpp's tiles) and keeps a NaN's sign and payload; callers choose it where
+// native_bf16_dot() (kernels.h: with_rounding).
+template <bool Native = false>
+inline __m256i to_bf16_bits(__m512 v) {
+    if constexpr (Native)
+        return (__m256i)_mm512_cvtneps_pbh(v);
+    else
+        return _mm512_cvtepi32_epi16(bf16_lanes(v));
+}
 
-inline void store16(c10::BFloat16* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(v)); }
+template <bool Native = false>
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 
-inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits(v)); }
+template <bool Native = false>
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+
+template <bool Native = false>
+inline void store16(c10::BFloat16* p, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits<Native>(v));
+}
+
+template <bool Native = false>
+inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, to_bf16_bits<Native>(v)); }
 
 // v as the storage type T holds it: rounded to bfloat16 and back, or unchanged for float32.
+template <bool Native = false>
 inline __m512 rounded(__m512 v, const float*) { return v; }
 
-inline __m512 rounded(__m512 v, const c10::BFloat16*) { return widen(to_bf16_bits(v)); }
+template <bool Native = false>
+inline __m512 rounded(__m512 v, const c10::BFloat16*) { return widen(to_bf16_bits<Native>(v)); }
 
 // exp(x): 2^n * e^r with |r| <= ln2 / 2 and a degree-6 polynomial for e^r (relative error about
 // 2e-7); 0 below -87, infinity above 88.
