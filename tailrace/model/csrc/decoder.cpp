@@ -4,8 +4,9 @@
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
 // Here the same kernel functions (kernels.h) run on the same inputs in the same order with the
 // same rounding points, so every output has the bits the per-module path gives it, in any batch;
-// only the calls are gone. A batch-1 decode step of SmolLM2-135M's 30 layers took 14.7 ms module
-// by module and 11.6 ms this way (bench/RESULTS.md, seventh session). The embedding lookup, the
+// only the calls are gone, and each residual add runs in the pass of the norm after it. A batch-1
+// decode step of SmolLM2-135M's 30 layers took 14.7 ms module by module and 11.6 ms this way
+// (bench/RESULTS.md, seventh session). The embedding lookup, the
 // rotary tables' rows and the final norm came in later: after the weights have streamed through
 // the caches, each op's dispatch runs cold, 50-70 us apiece (bench/RESULTS.md, twelfth session).
 
@@ -23,26 +24,6 @@ namespace {
 
 using BF16 = c10::BFloat16;
 using tailrace::kLanes;
-using tailrace::lanes;
-using tailrace::load16;
-using tailrace::store16;
-
-// Residual adds of this many elements or more are split over the thread pool.
-constexpr int64_t kAddGrain = 1 << 14;
-
-// out = a + b as eager bfloat16 PyTorch adds: both widened to float32, summed, rounded once
-// (round to nearest even). out may be a.
-void add(const BF16* a, const BF16* b, BF16* out, int64_t n) {
-    tailrace::with_rounding<BF16>([&](auto native) {
-        constexpr bool N = decltype(native)::value;
-        at::parallel_for(0, n, kAddGrain, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; i += kLanes) {
-                const __mmask16 m = lanes(end - i);
-                store16<N>(out + i, _mm512_add_ps(load16(a + i, m), load16(b + i, m)), m);
-            }
-        });
-    });
-}
 
 // A projection as its kernel holds it: bfloat16 weights packed for bf16_linear, or integer codes
 // for int_linear (Bf16Linear's or IntLinear's buffers).
@@ -153,7 +134,7 @@ public:
             feed_forward(layers_[l], step);
         }
         torch::Tensor out = torch::empty({step.T, hidden_}, bf16_rows);
-        tailrace::rms_norm_rows(bf16(step.h), bf16(final_norm_), out.data_ptr<BF16>(), step.T, hidden_, hidden_, eps_);
+        norm(final_norm_, step, out.data_ptr<BF16>());
         return out;
     }
 
@@ -171,7 +152,18 @@ private:
         tailrace::QueryRows rows;
         torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
         BF16 *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
+        bool y_pending = false;  // y holds a projection's rows not yet added into h
     };
+
+    // out = the RMSNorm of h's rows, h first taking a pending y (its residual add, in the same pass)
+    void norm(const torch::Tensor& weight, Step& s, BF16* out) const {
+        BF16* h = s.h.data_ptr<BF16>();
+        if (s.y_pending)
+            tailrace::add_rms_norm_rows(h, bf16(s.y), bf16(weight), out, s.T, hidden_, eps_);
+        else
+            tailrace::rms_norm_rows(h, bf16(weight), out, s.T, hidden_, hidden_, eps_);
+        s.y_pending = false;
+    }
 
     int64_t qkv_width() const { return (heads_ + 2 * kv_heads_) * dim_; }
 
@@ -200,11 +192,11 @@ private:
         }
     }
 
-    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, the step's K/V stored into layer l's pages
+    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, h first taking the previous layer's pending y;
+    // the step's K/V stored into layer l's pages
     void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_, kv_width = kv_heads_ * dim_;
-        BF16* h = s.h.data_ptr<BF16>();
-        tailrace::rms_norm_rows(h, bf16(w.input_norm), s.x.data_ptr<BF16>(), T, hidden_, hidden_, eps_);
+        norm(w.input_norm, s, s.x.data_ptr<BF16>());
         linear(w.qkv, s.x, s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
         const BF16* qk = bf16(s.qkv);
@@ -233,15 +225,14 @@ private:
         s.v_layer = v_layer;
     }
 
-    // h + o_proj(attention of s.rotated's queries over the layer's pages), project's layer
+    // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer, pending
     void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<BF16> problem{
             bf16(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, s.attended.data_ptr<BF16>(), s.tables,
             s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
-        BF16* h = s.h.data_ptr<BF16>();
-        add(h, bf16(s.y), h, s.T * hidden_);
+        s.y_pending = true;
     }
 
     // The step narrowed to the `wanted` rows: their residual rows, rotated queries and query rows,
@@ -262,14 +253,13 @@ private:
         s.T = R;
     }
 
-    // h + down_proj(silu(gate) * up of gate_up_proj(norm(h)))
+    // y = down_proj(silu(gate) * up of gate_up_proj(norm(h))), h first taking attend's y; pending
     void feed_forward(const Layer& w, Step& s) const {
-        BF16* h = s.h.data_ptr<BF16>();
-        tailrace::rms_norm_rows(h, bf16(w.post_norm), s.x.data_ptr<BF16>(), s.T, hidden_, hidden_, eps_);
+        norm(w.post_norm, s, s.x.data_ptr<BF16>());
         linear(w.gate_up, s.x, s.gate_up);
         tailrace::silu_mul_rows(bf16(s.gate_up), s.act.data_ptr<BF16>(), s.T, intermediate_);
         linear(w.down, s.act, s.y);
-        add(h, bf16(s.y), h, s.T * hidden_);
+        s.y_pending = true;
     }
 
     // y [T, n] = x [T, K] through the projection's kernel

@@ -35,8 +35,11 @@ int64_t grain(int64_t width) { return std::max<int64_t>(1, kGrainElements / std:
 
 namespace tailrace {
 
+// RMSNorm of each row of x into out; with `add`, of x + add (widened to float32, summed, rounded
+// once, as eager adds), the sums written to `sums` ([rows][width]).
 template <typename T>
-void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps) {
+void norm_rows(const T* x, const T* add, T* sums, const T* weight, T* out, int64_t rows, int64_t width,
+               int64_t stride, float eps) {
     with_rounding<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
         at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
@@ -44,9 +47,16 @@ void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t wi
                 const T* row = x + r * stride;
                 __m512 squares = _mm512_setzero_ps();
                 for (int64_t i = 0; i < width; i += kLanes) {
-                    const __m512 v = load16(row + i, lanes(width - i));
+                    const __mmask16 m = lanes(width - i);
+                    __m512 v = load16(row + i, m);
+                    if (add != nullptr) {
+                        v = rounded<N>(_mm512_add_ps(v, load16(add + r * width + i, m)), row);
+                        store16<N>(sums + r * width + i, v, m);
+                    }
                     squares = _mm512_fmadd_ps(v, v, squares);
                 }
+                if (add != nullptr)
+                    row = sums + r * width;
                 const float scale = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / width + eps);
                 const __m512 s = _mm512_set1_ps(scale);
                 for (int64_t i = 0; i < width; i += kLanes) {
@@ -58,6 +68,16 @@ void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t wi
             }
         });
     });
+}
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps) {
+    norm_rows<T>(x, nullptr, nullptr, weight, out, rows, width, stride, eps);
+}
+
+template <typename T>
+void add_rms_norm_rows(T* h, const T* y, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
+    norm_rows<T>(h, y, h, weight, out, rows, width, width, eps);
 }
 
 // The "rotate_half" convention with the sign in the sin table: out = x * cos + roll(x, D/2) * sin,
@@ -118,6 +138,8 @@ template void rms_norm_rows(const c10::BFloat16*, const c10::BFloat16*, c10::BFl
 template void rotary_rows(const c10::BFloat16*, int64_t, const float*, const float*, c10::BFloat16*, int64_t,
                           int64_t, int64_t);
 template void silu_mul_rows(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
+template void add_rms_norm_rows(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t,
+                                int64_t, float);
 
 }  // namespace tailrace
 

@@ -53,6 +53,10 @@ void int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeight
 // RMSNorm of `rows` rows of x (`stride` apart) into contiguous out.
 template <typename T>
 void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, int64_t stride, float eps);
+// h [rows][width] += y (rounded once, as eager adds), then its RMSNorm into out: one pass where the
+// residual add and the next norm each took one.
+template <typename T>
+void add_rms_norm_rows(T* h, const T* y, const T* weight, T* out, int64_t rows, int64_t width, float eps);
 // Rotary embedding of x [rows][heads][dim] (rows `row_stride` apart) into contiguous out, cos/sin [rows][dim].
 template <typename T>
 void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* sin, T* out, int64_t rows,
