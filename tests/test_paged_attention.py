@@ -12,7 +12,7 @@ import torch
 
 from tailrace.model import paged_attention, triton_attention
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, new_pages
 from tailrace.model.paged_attention import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,6 +118,26 @@ def test_bfloat16_scores_from_two_fmas_a_pair_are_the_dot_instructions(tmp_path,
     assert torch.equal(torch.load(tmp_path / "out.pt"), out)
     expected = naive_attention(q.float(), k_pages.float(), v_pages.float(), MIXED, meta)
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_pages_hold_each_kv_heads_rows_together_and_the_kernel_reads_any_strides(dtype):
+    """new_pages on the CPU: [layers, slots, kv heads, D] over storage with each KV head's rows
+    together; the kernel gives the bits of the interleaved layout on either, through the strides."""
+    k_pages, v_pages = new_pages(2, NUM_BLOCKS * 16, KV_HEADS, HEAD_DIM, dtype, torch.device("cpu"))
+    assert k_pages.shape == (2, NUM_BLOCKS * 16, KV_HEADS, HEAD_DIM) and v_pages.stride() == k_pages.stride()
+    assert k_pages.stride()[1:] == (HEAD_DIM, NUM_BLOCKS * 16 * HEAD_DIM, 1)
+    meta = make_meta(MIXED, 16, NUM_BLOCKS, seed=5)
+    q, k_rows, v_rows = random_inputs(MIXED, 3, NUM_BLOCKS * 16, seed=5)
+    k_pages[1].copy_(k_rows)
+    v_pages[1].copy_(v_rows)
+    args = (meta.query_start_loc, meta.seq_lens, meta.block_tables, 16, meta.num_seqs, SCALE)
+    apart = kernels().paged_attention(q.to(dtype), k_pages[1], v_pages[1], *args)
+    together = kernels().paged_attention(q.to(dtype), k_rows.to(dtype), v_rows.to(dtype), *args)
+    assert torch.equal(apart, together)
+    with pytest.raises(RuntimeError, match="K and V alike"):
+        kernels().paged_attention(q.to(dtype), k_pages[1], v_rows.to(dtype), *args)
 
 
 @needs_kernels

@@ -86,7 +86,17 @@ class _Step:
 def new_pages(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The paged K and V of every cache layout, [layers, num_slots = num_blocks * block_size, kv_heads, head_dim]:
-    what `KVCache.bytes_per_block` counts."""
+    what `KVCache.bytes_per_block` counts.
+
+    On the CPU each layer holds its KV heads' rows apart, [kv_heads, num_slots, head_dim] seen
+    through a transposed view: attention reads one KV head's rows position after position, and
+    with the heads interleaved a one-row step's read ran at a third of the rate a KV head's own rows
+    read at (2048 positions, 30 layers: 5.1 against about 2.7 ms, bench/RESULTS.md, eighteenth
+    session). The CUDA kernel reads through the same strides; its cache keeps the first layout."""
+    if device.type == "cpu":
+        held = (num_layers, num_kv_heads, num_slots, head_dim)
+        return (torch.zeros(held, dtype=dtype, device=device).transpose(1, 2),
+                torch.zeros(held, dtype=dtype, device=device).transpose(1, 2))
     shape = (num_layers, num_slots, num_kv_heads, head_dim)
     return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 

@@ -100,7 +100,8 @@ public:
     // ids, positions [T] int64 -> the final norm's rows [T, hidden], or only those of `wanted` (int64
     // [R], ascending) [R, hidden]: every row's K/V is stored, but the last layer computes the rest
     // (attention, o_proj, the MLP) for the wanted rows alone, as llama.cpp does. k/v pages [layers,
-    // slots, kv heads, head_dim]; slot_mapping [T] int64; the rest as paged_attention takes it.
+    // slots, kv heads, head_dim], any strides but head_dim's (the CPU cache holds each KV head's rows
+    // together: attention.new_pages); slot_mapping [T] int64; the rest as paged_attention takes it.
     torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
                           const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                           const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
@@ -121,7 +122,7 @@ public:
         gather(ids, positions, h, cos, sin);
         const int64_t qk_width = (heads_ + kv_heads_) * dim_;
         Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), k_pages.data_ptr<BF16>(), v_pages.data_ptr<BF16>(),
-                  slots, slot, block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1),
+                  k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), slot, block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1),
                   block_size, static_cast<float>(scale),
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
@@ -144,7 +145,7 @@ private:
         int64_t T;
         const float *cos, *sin;
         BF16 *k_pages, *v_pages;
-        int64_t slots;
+        int64_t layer_stride, slot_stride, head_stride;  // the pages' (k and v alike)
         const int64_t* slot;  // [T]
         const int32_t* tables;
         int64_t table_seq_stride, table_block_stride, block_size;
@@ -195,7 +196,7 @@ private:
     // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, h first taking the previous layer's pending y;
     // the step's K/V stored into layer l's pages
     void project(const Layer& w, int64_t l, Step& s) const {
-        const int64_t T = s.T, qk_heads = heads_ + kv_heads_, kv_width = kv_heads_ * dim_;
+        const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
         norm(w.input_norm, s, s.x.data_ptr<BF16>());
         linear(w.qkv, s.x, s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
@@ -213,14 +214,14 @@ private:
             qk_stride = qk_heads * dim_;
         }
         tailrace::rotary_rows(qk, qk_stride, s.cos, s.sin, s.rotated.data_ptr<BF16>(), T, qk_heads, dim_);
-        BF16* k_layer = s.k_pages + l * s.slots * kv_width;
-        BF16* v_layer = s.v_pages + l * s.slots * kv_width;
-        for (int64_t t = 0; t < T; ++t) {
-            std::memcpy(k_layer + s.slot[t] * kv_width, bf16(s.rotated) + (t * qk_heads + heads_) * dim_,
-                        kv_width * sizeof(BF16));
-            std::memcpy(v_layer + s.slot[t] * kv_width, bf16(s.qkv) + t * qkv_width() + qk_heads * dim_,
-                        kv_width * sizeof(BF16));
-        }
+        BF16* k_layer = s.k_pages + l * s.layer_stride;
+        BF16* v_layer = s.v_pages + l * s.layer_stride;
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t head = 0; head < kv_heads_; ++head) {
+                const int64_t at = s.slot[t] * s.slot_stride + head * s.head_stride;
+                std::memcpy(k_layer + at, bf16(s.rotated) + (t * qk_heads + heads_ + head) * dim_, dim_ * sizeof(BF16));
+                std::memcpy(v_layer + at, bf16(s.qkv) + t * qkv_width() + (qk_heads + head) * dim_, dim_ * sizeof(BF16));
+            }
         s.k_layer = k_layer;
         s.v_layer = v_layer;
     }
@@ -229,7 +230,8 @@ private:
     void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<BF16> problem{
             bf16(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, s.attended.data_ptr<BF16>(), s.tables,
-            s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale};
+            s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale, s.slot_stride,
+            s.head_stride};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
         s.y_pending = true;
@@ -323,10 +325,12 @@ private:
         TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous() && positions.numel() == T,
                     "positions must be contiguous int64 [T]");
         for (const torch::Tensor* pages : {&k_pages, &v_pages})
-            TORCH_CHECK(pages->scalar_type() == torch::kBFloat16 && pages->is_contiguous() && pages->dim() == 4 &&
+            TORCH_CHECK(pages->scalar_type() == torch::kBFloat16 && pages->dim() == 4 && pages->stride(3) == 1 &&
                         pages->size(0) >= static_cast<int64_t>(layers_.size()) && pages->size(2) == kv_heads_ &&
-                        pages->size(3) == dim_,
-                        "pages must be contiguous bfloat16 [layers, slots, kv heads, head_dim]");
+                        pages->size(3) == dim_ && pages->sizes() == k_pages.sizes() &&
+                        pages->strides() == k_pages.strides(),
+                        "pages must be bfloat16 [layers, slots, kv heads, head_dim], head_dim contiguous, K and V "
+                        "alike");
         TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
                     slot_mapping.numel() == T, "slot_mapping must be int64 [T]");
         TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&

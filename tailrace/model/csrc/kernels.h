@@ -75,13 +75,14 @@ template <typename T>
 struct PagedAttention {
     const T* q;  // [rows][heads][dim], rows q_stride apart
     int64_t q_stride;
-    const T* k;  // [page rows][kv heads][dim]
-    const T* v;
+    const T* k;  // [page rows][kv heads][dim], rows slot_stride apart and heads head_stride apart
+    const T* v;  // the same strides
     T* out;      // [rows][heads][dim]
     const int32_t* tables;  // block b of sequence s at tables[s * table_seq_stride + b * table_block_stride]
     int64_t table_seq_stride, table_block_stride, block_size;
     int64_t heads, kv_heads, dim;
     float scale;
+    int64_t slot_stride, head_stride;
 };
 
 // Per query row: its sequence (-1: in none) and the last position it sees.

@@ -10,9 +10,10 @@
 // Reading the pages in place also means no second copy of the K/V, and no per-layer matmul calls
 // (about 50 us each at one row in oneDNN). The query heads that share a KV head run together,
 // each key and value loaded once for all of them, and with enough rows a task takes a row's every
-// KV head, so the cache lines of a position are used by the task that loads them: the SmolLM2
-// shape's 30 layers at 32 rows of 256 positions took 19 ms against 29-31 ms head by head
-// (bench/attention_decode.py).
+// KV head: the SmolLM2 shape's 30 layers at 32 rows of 256 positions took 19 ms against 29-31 ms
+// head by head, the heads then interleaved in the pages (bench/attention_decode.py). The pages
+// may have any strides but head_dim's: the CPU cache holds each KV head's rows together
+// (attention.new_pages), which a task reads one after another.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -184,7 +185,7 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
                     dots[g][t] = _mm512_setzero_ps();
                 continue;
             }
-            const T* key = p.k + (page_rows[t] * p.kv_heads + kv_head) * dim;
+            const T* key = p.k + page_rows[t] * p.slot_stride + kv_head * p.head_stride;
             typename C::Key k[kMost];
 #pragma GCC unroll 16
             for (int64_t c = 0; c < chunks; ++c)
@@ -232,7 +233,7 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
         const int64_t count = std::min<int64_t>(kLanes, n - base);
         rows.fill(base, count, page_rows);
         for (int64_t t = 0; t < count; ++t) {
-            const T* value = p.v + (page_rows[t] * p.kv_heads + kv_head) * dim;
+            const T* value = p.v + page_rows[t] * p.slot_stride + kv_head * p.head_stride;
             __m512 weight[G];
 #pragma GCC unroll 16
             for (int g = 0; g < G; ++g)
@@ -296,16 +297,18 @@ void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int6
     }
 }
 
-// q [T, H, D]; k_pages, v_pages [P, kvH, D]; query_start_loc [>= B + 1], seq_lens [>= B] (int32);
-// block_tables [B', max_blocks] int32, any strides. Rows outside every sequence are zero.
+// q [T, H, D]; k_pages, v_pages [P, kvH, D], any strides but D's, the same for both;
+// query_start_loc [>= B + 1], seq_lens [>= B] (int32); block_tables [B', max_blocks] int32, any
+// strides. Rows outside every sequence are zero.
 torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                               const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                               const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) {
     // q may be a view of rows of the fused q/k/v projection: each row's heads contiguous is enough
     const bool rows_packed = q_any.dim() == 3 && q_any.stride(2) == 1 && q_any.stride(1) == q_any.size(2);
     const torch::Tensor q = rows_packed ? q_any : q_any.contiguous();
-    TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 3 && k_pages.is_contiguous() && v_pages.is_contiguous(),
-                "q [T, H, D] and contiguous pages [P, kvH, D]");
+    TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 3 && k_pages.stride(2) == 1 && v_pages.sizes() == k_pages.sizes() &&
+                v_pages.strides() == k_pages.strides(), "q [T, H, D] and pages [P, kvH, D], head_dim contiguous, K and V "
+                "alike");
     TORCH_CHECK(q.scalar_type() == k_pages.scalar_type() && q.scalar_type() == v_pages.scalar_type(),
                 "q and the pages must share a dtype");
     const int64_t dim = q.size(2);
@@ -320,7 +323,7 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
         using T = std::remove_pointer_t<decltype(tag)>;
         PagedAttention<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
-                     q.size(1), k_pages.size(1), dim, static_cast<float>(scale)};
+                     q.size(1), k_pages.size(1), dim, static_cast<float>(scale), k_pages.stride(0), k_pages.stride(1)};
         tailrace::paged_attention(p, rows);
     });
     return out;
@@ -344,10 +347,10 @@ tailrace::QueryRows tailrace::query_rows(const int32_t* query_start_loc, const i
 
 template <typename T>
 void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows) {
-    // An item is a row's KV heads, all of them where there are rows enough (a position's K and V
-    // rows hold every KV head side by side, and one task reading them all uses the lines it
-    // loads), one otherwise, so a lone decode row still uses every thread; a head's arithmetic is
-    // the same either way. A prefill's later rows see more keys, so the threads take items one at
+    // An item is a row's KV heads, all of them where there are rows enough (fewer, longer tasks;
+    // with the CPU pages' heads apart, one head a task measured the same at 8 and 32 rows), one
+    // otherwise, so a lone decode row still uses every thread; a head's arithmetic is the same
+    // either way. A prefill's later rows see more keys, so the threads take items one at
     // a time (parallel.h), the last rows first: the longest go out while there are others left to
     // even the threads out (contiguous halves measured 1:3 apart at 128 rows).
     const int64_t threads = at::get_num_threads(), num_rows = static_cast<int64_t>(rows.seq.size());
