@@ -6,9 +6,9 @@
 // same rounding points, so every output has the bits the per-module path gives it, in any batch;
 // only the calls are gone, and each residual add runs in the pass of the norm after it. A batch-1
 // decode step of SmolLM2-135M's 30 layers took 14.7 ms module by module and 11.6 ms this way
-// (bench/RESULTS.md, seventh session). The embedding lookup, the
-// rotary tables' rows and the final norm came in later: after the weights have streamed through
-// the caches, each op's dispatch runs cold, 50-70 us apiece (bench/RESULTS.md, twelfth session).
+// (bench/RESULTS.md, seventh session). The embedding lookup, the rotary tables' rows and the final
+// norm came in later: after the weights have streamed through the caches, each op's dispatch runs
+// cold, 50-70 us apiece (bench/RESULTS.md, twelfth session).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -122,7 +122,8 @@ public:
         gather(ids, positions, h, cos, sin);
         const int64_t qk_width = (heads_ + kv_heads_) * dim_;
         Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), k_pages.data_ptr<BF16>(), v_pages.data_ptr<BF16>(),
-                  k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), slot, block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1),
+                  k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), slot, block_tables.data_ptr<int32_t>(),
+                  block_tables.stride(0), block_tables.stride(1),
                   block_size, static_cast<float>(scale),
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
@@ -193,8 +194,8 @@ private:
         }
     }
 
-    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, h first taking the previous layer's pending y;
-    // the step's K/V stored into layer l's pages
+    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, h first taking the previous layer's
+    // pending y; the step's K/V stored into layer l's pages, head by head
     void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
         norm(w.input_norm, s, s.x.data_ptr<BF16>());
@@ -219,8 +220,10 @@ private:
         for (int64_t t = 0; t < T; ++t)
             for (int64_t head = 0; head < kv_heads_; ++head) {
                 const int64_t at = s.slot[t] * s.slot_stride + head * s.head_stride;
-                std::memcpy(k_layer + at, bf16(s.rotated) + (t * qk_heads + heads_ + head) * dim_, dim_ * sizeof(BF16));
-                std::memcpy(v_layer + at, bf16(s.qkv) + t * qkv_width() + (qk_heads + head) * dim_, dim_ * sizeof(BF16));
+                const BF16* k = bf16(s.rotated) + (t * qk_heads + heads_ + head) * dim_;
+                const BF16* v = bf16(s.qkv) + t * qkv_width() + (qk_heads + head) * dim_;
+                std::memcpy(k_layer + at, k, dim_ * sizeof(BF16));
+                std::memcpy(v_layer + at, v, dim_ * sizeof(BF16));
             }
         s.k_layer = k_layer;
         s.v_layer = v_layer;

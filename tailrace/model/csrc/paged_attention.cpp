@@ -307,8 +307,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
     const bool rows_packed = q_any.dim() == 3 && q_any.stride(2) == 1 && q_any.stride(1) == q_any.size(2);
     const torch::Tensor q = rows_packed ? q_any : q_any.contiguous();
     TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 3 && k_pages.stride(2) == 1 && v_pages.sizes() == k_pages.sizes() &&
-                v_pages.strides() == k_pages.strides(), "q [T, H, D] and pages [P, kvH, D], head_dim contiguous, K and V "
-                "alike");
+                v_pages.strides() == k_pages.strides(),
+                "q [T, H, D] and pages [P, kvH, D], head_dim contiguous, K and V alike");
     TORCH_CHECK(q.scalar_type() == k_pages.scalar_type() && q.scalar_type() == v_pages.scalar_type(),
                 "q and the pages must share a dtype");
     const int64_t dim = q.size(2);

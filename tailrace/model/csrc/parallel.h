@@ -49,8 +49,8 @@ void parallel_vectors(int64_t n, int64_t group, int64_t rows, int64_t row_tile, 
     parallel_chunks(whole + split * parts, 1, [&](int64_t unit, int64_t) {
         const int64_t g = unit < whole ? unit : whole + (unit - whole) / parts;
         const int64_t part = unit < whole ? 0 : (unit - whole) % parts, of = unit < whole ? 1 : parts;
-        const int64_t v0 = g * group;
-        fn(v0, std::min(n, v0 + group), tiles * part / of * row_tile, std::min(rows, tiles * (part + 1) / of * row_tile));
+        const int64_t v0 = g * group, m0 = tiles * part / of * row_tile;
+        fn(v0, std::min(n, v0 + group), m0, std::min(rows, tiles * (part + 1) / of * row_tile));
     });
 }
 
