@@ -7,7 +7,11 @@ the embedding lookup reads one row) divided by the read bandwidth measured here,
 threads, by summing a buffer larger than the caches. The step is the model's forward plus
 logits for B sequences at a context of --context tokens, through the engine's own KV cache, and
 the sampler's greedy pick, with dummy weights (load_format dummy: only config.json is needed).
-Prints a table, writes JSON.
+
+The bandwidth (best of 5 sums) is read once, before the steps; on a shared host it moves by 1.5x
+from minute to minute, and the steps with it. So the table has a paired figure too: before every
+_PROBE_EVERY-th step, one timed sum gives the floor of that moment, and each step is set against
+the floor read just before it; the median of those ratios. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tailrace.model.paged_attention import PagedKVCache
 from tailrace.model.quant import QUANTIZATIONS
 
 _BANDWIDTH_BYTES = 1 << 30
+_PROBE_EVERY = 10  # steps between two paired reads of the bandwidth
 
 
 def load_as_engine(model_dir: str, dtype: str = "float32", quantization: str | None = None,
@@ -93,11 +98,12 @@ def prefilled_cache(model, config, batch: int, context: int, steps: int,
 
 
 def decode_step_times(model, config, batch: int, context: int, steps: int,
-                      paths: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
+                      paths: dict[str, Callable[[], None]] | None = None,
+                      before: Callable[[int], None] | None = None) -> dict[str, list[float]]:
     """Each decode step's time, per path: `paths` names a function that sets the model up for that
     path (the model as it is by default). Each step runs once on every path at the same position
     (each path writes the same K/V bits), the order rotating, so load on shared cores falls on
-    every path alike. The model is left on the first path."""
+    every path alike; `before(i)` runs ahead of step i's. The model is left on the first path."""
     paths = paths or {"": lambda: None}
     names = list(paths)
     cache, tables = prefilled_cache(model, config, batch, context, steps)
@@ -105,6 +111,8 @@ def decode_step_times(model, config, batch: int, context: int, steps: int,
     with torch.inference_mode():
         ids = [[5]] * batch
         for i in range(steps):
+            if before is not None:
+                before(i)
             for name in names[i % len(names):] + names[:i % len(names)]:
                 paths[name]()
                 start = time.perf_counter()
@@ -247,18 +255,27 @@ def main() -> None:
         paths = {name: _with_forward(model, forward, head, buffers)
                  for name, (forward, buffers) in (("huge", huge), ("scattered", scattered))}
     rows = []
+    probe = torch.ones(_BANDWIDTH_BYTES // 4)
     for batch in args.batch:
-        for path, times in decode_step_times(model, config, batch, args.context, args.steps, paths).items():
+        floors: list[float] = []  # the floor read before steps 0, _PROBE_EVERY, 2 * _PROBE_EVERY, ...
+
+        def read_floor(i: int) -> None:
+            if i % _PROBE_EVERY == 0:
+                floors.append(weight_bytes * _timed(probe.sum) / _BANDWIDTH_BYTES)
+
+        for path, times in decode_step_times(model, config, batch, args.context, args.steps, paths,
+                                             read_floor).items():
             median = statistics.median(times[2:])
+            paired = statistics.median(t / floors[i // _PROBE_EVERY] for i, t in enumerate(times) if i >= 2)
             rows.append({"batch": batch, "path": path, "step_ms": median * 1e3, "tok_per_s": batch / median,
-                         "vs_floor": median / floor})
+                         "vs_floor": median / floor, "vs_floor_paired": paired})
     print(f"{args.model}: {args.dtype}{' ' + args.quantization if args.quantization else ''}, {args.threads} "
           f"threads, weights read per step {weight_bytes / 1e6:.1f} MB, read bandwidth {bandwidth / 1e9:.1f} GB/s, "
           f"floor {floor * 1e3:.2f} ms, load {os.getloadavg()[0]:.2f}")
-    print(f"{'batch':>6} {'path':>8} {'step ms':>9} {'tok/s':>8} {'/ floor':>8}")
+    print(f"{'batch':>6} {'path':>8} {'step ms':>9} {'tok/s':>8} {'/ floor':>8} {'/ paired':>9}")
     for row in rows:
         print(f"{row['batch']:>6} {row['path']:>8} {row['step_ms']:>9.2f} {row['tok_per_s']:>8.1f} "
-              f"{row['vs_floor']:>8.2f}")
+              f"{row['vs_floor']:>8.2f} {row['vs_floor_paired']:>9.2f}")
     prefill = {}
     if args.prefill:
         seconds, bound = prefill_time(model, config, args.prefill), matmul_bound(config, args.prefill, model.dtype)
