@@ -116,8 +116,8 @@ void store_rows(const Problem& p, int64_t m0, int64_t rows, int64_t v0, int64_t 
         const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
         for (int64_t i = 0; i < rows; ++i) {
             const __m512 acc = _mm512_loadu_ps(out + (i * nb + j) * kLanes);
-            const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc, bias));
-            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask, (__m256i)rounded);
+            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask,
+                                     tailrace::to_bf16_bits<true>(_mm512_add_ps(acc, bias)));
         }
     }
 }

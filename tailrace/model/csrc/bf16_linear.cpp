@@ -55,7 +55,7 @@ struct Native {
     }
     static Weights weights(const uint16_t* w) { return _mm512_loadu_si512(w); }
     static __m512 dot(__m512 acc, Pair a, Weights w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
-    static __m256i round(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+    static __m256i round(__m512 v) { return tailrace::to_bf16_bits<true>(v); }
 };
 
 // The same sums from two FMAs. Compute-bound tiles (prefill, large batches) are limited by the
@@ -76,7 +76,7 @@ struct Emulated {
     static __m512 dot(__m512 acc, Pair a, Weights w) {
         return _mm512_fmadd_ps(a.low, w.low, _mm512_fmadd_ps(a.high, w.high, acc));
     }
-    static __m256i round(__m512 v) { return tailrace::to_bf16_bits(v); }
+    static __m256i round(__m512 v) { return tailrace::to_bf16_bits<false>(v); }
 };
 
 // Rows m0..m0+MT-1 against vectors v0..v0+NT-1 over pairs [kp0, kp1); `part` holds the rows'

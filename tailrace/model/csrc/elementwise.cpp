@@ -24,7 +24,7 @@ using tailrace::lanes;
 using tailrace::load16;
 using tailrace::rounded;
 using tailrace::store16;
-using tailrace::with_rounding;
+using tailrace::with_native_bf16;
 
 // Rows of this many elements or more go to the thread pool one at a time; fewer share a task.
 constexpr int64_t kGrainElements = 1 << 14;
@@ -40,7 +40,7 @@ namespace tailrace {
 template <typename T>
 void norm_rows(const T* x, const T* add, T* sums, const T* weight, T* out, int64_t rows, int64_t width,
                int64_t stride, float eps) {
-    with_rounding<T>([&](auto native) {
+    with_native_bf16<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
         at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
             for (int64_t r = begin; r < end; ++r) {
@@ -86,7 +86,7 @@ template <typename T>
 void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* sin, T* out, int64_t rows,
                  int64_t heads, int64_t dim) {
     const int64_t half = dim / 2;
-    with_rounding<T>([&](auto native) {
+    with_native_bf16<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
         at::parallel_for(0, rows, grain(heads * dim), [&](int64_t begin, int64_t end) {
             for (int64_t r = begin; r < end; ++r) {
@@ -113,7 +113,7 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
 // to the dtype, then the product rounded.
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
-    with_rounding<T>([&](auto native) {
+    with_native_bf16<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
         at::parallel_for(0, rows, grain(2 * width), [&](int64_t begin, int64_t end) {
             const __m512 one = _mm512_set1_ps(1.0f);

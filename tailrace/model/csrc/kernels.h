@@ -20,10 +20,11 @@ void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t ve
 // bf16_linear.cpp: whether bfloat16 pairs are summed by AVX512-BF16's vdpbf16ps (else by two FMAs
 // a pair, the same sums): the CPU has it, and TAILRACE_CPU_BF16_DOT=0 does not ask for the FMAs.
 bool native_bf16_dot();
-// f(std::true_type{}) where rows of T round to bfloat16 by vcvtneps2bf16 (T bfloat16 and
-// native_bf16_dot()), else f(std::false_type{}): the Native argument of vec.h's rounding.
+// f(std::true_type{}) where T is bfloat16 and native_bf16_dot() (AVX512-BF16's vdpbf16ps and
+// vcvtneps2bf16 for its dot products and rounding), else f(std::false_type{}): the Native argument
+// of vec.h's rounding and of the kernels' bfloat16 paths, chosen once a call.
 template <typename T, typename F>
-void with_rounding(F&& f) {
+void with_native_bf16(F&& f) {
     if (std::is_same_v<T, c10::BFloat16> && native_bf16_dot())
         f(std::true_type{});
     else

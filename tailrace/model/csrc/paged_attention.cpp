@@ -357,20 +357,18 @@ void tailrace::paged_attention(const PagedAttention<T>& p, const QueryRows& rows
     const int64_t heads_per_item = num_rows >= kRowsPerThread * threads ? p.kv_heads : 1;
     const int64_t items_per_row = p.kv_heads / heads_per_item, items = num_rows * items_per_row;
     const int64_t group = p.heads / p.kv_heads;
-    const bool native = tailrace::native_bf16_dot();
-    tailrace::parallel_chunks(items, 1, [&](int64_t taken, int64_t) {
-        thread_local std::vector<float> scores;
-        const int64_t item = items - 1 - taken;
-        const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
-        for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
-            if (rows.seq[row] < 0)
-                std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
-            else if constexpr (std::is_same_v<T, c10::BFloat16>)
-                native ? attend_heads<T, true>(p, row, kv_head, rows.seq[row], rows.last[row], scores)
-                       : attend_heads<T, false>(p, row, kv_head, rows.seq[row], rows.last[row], scores);
-            else
-                attend_heads<T, false>(p, row, kv_head, rows.seq[row], rows.last[row], scores);
-        }
+    tailrace::with_native_bf16<T>([&](auto native) {
+        tailrace::parallel_chunks(items, 1, [&](int64_t taken, int64_t) {
+            thread_local std::vector<float> scores;
+            const int64_t item = items - 1 - taken;
+            const int64_t row = item / items_per_row, kv_first = item % items_per_row * heads_per_item;
+            for (int64_t kv_head = kv_first; kv_head < kv_first + heads_per_item; ++kv_head) {
+                if (rows.seq[row] < 0)
+                    std::fill_n(p.out + (row * p.heads + kv_head * group) * p.dim, group * p.dim, T(0));
+                else
+                    attend_heads<T, decltype(native)::value>(p, row, kv_head, rows.seq[row], rows.last[row], scores);
+            }
+        });
     });
 }
 

@@ -51,7 +51,7 @@ inline __m512i bf16_lanes(__m512 v) {
 // The same rounding to 16 bfloat16. Native: AVX512-BF16's vcvtneps2bf16, one instruction for the
 // eight above, which takes float32 denormals as zero where PyTorch keeps them (the one difference,
 // as in bf16_linear.cpp's tiles) and keeps a NaN's sign and payload; callers choose it where
-// native_bf16_dot() (kernels.h: with_rounding).
+// native_bf16_dot() (kernels.h: with_native_bf16).
 template <bool Native = false>
 inline __m256i to_bf16_bits(__m512 v) {
     if constexpr (Native)
