@@ -227,8 +227,10 @@ class MaskJob:
         """With a pool the masks are filled on it; without, here, before this returns."""
         self.vocab_size = vocab_size
         self.bitmask = np.zeros((len(grammars), (vocab_size + 31) // 32), dtype=np.uint32)
-        self._done: Future | None = pool.submit(self._fill, executor, grammars) if pool is not None else None
-        if pool is None:
+        self._done: Future | None = None
+        if pool is not None:
+            self._done = pool.submit(self._fill, executor, grammars)
+        else:
             self._fill(None, grammars)
 
     def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar]) -> None:

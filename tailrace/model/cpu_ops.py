@@ -85,8 +85,9 @@ class FusedForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                  cache: PagedKVCache, rows: list[int] | None = None) -> torch.Tensor:
+        """The final norm's rows, or only those of `rows` (ascending, fewer than all)."""
         meta = cache.step_metadata(batch)
-        wanted = None if rows is None or len(rows) == len(input_ids) else torch.tensor(rows, dtype=torch.long)
+        wanted = None if rows is None else torch.tensor(rows, dtype=torch.long)
         return self._forward.forward(input_ids, positions, cache.k, cache.v, batch.slot_mapping, meta.query_start_loc,
                                      meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale,
                                      wanted)

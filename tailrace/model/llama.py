@@ -223,6 +223,8 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions [T] -> final hidden states [T, hidden], or only those of `rows`
         (ascending) [len(rows), hidden]: every row's K/V is stored either way; `cache.begin(batch)`
         first."""
+        if rows is not None and len(rows) == len(input_ids):  # ascending distinct rows: every row
+            rows = None
         fused = self.model.fused_forward
         if fused is not None and fused.takes(cache):
             return fused(input_ids, positions, batch, cache, rows)
@@ -231,7 +233,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             h = layer(h, cos, sin, batch, cache)
         h = self.model.norm(h)
-        if rows is None or len(rows) == h.shape[0]:  # ascending distinct rows: every row
+        if rows is None:
             return h
         # pinned, and queued without waiting: a pageable copy to a GPU would wait for the forward
         index = torch.tensor(rows, dtype=torch.long, pin_memory=h.is_cuda).to(h.device, non_blocking=True)
