@@ -46,6 +46,7 @@ using tailrace::lanes;
 
 constexpr int64_t kBlock = 32;             // inputs per activation scale and per weight group
 constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
+constexpr int64_t kOneRowVectors = 8;      // vectors per tile of a lone row (see run)
 constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
 
@@ -146,8 +147,11 @@ inline __m512i dot(__m512i sum, const __m512i* w, const ActivationCode<Bits>* x)
 // bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's stream prefetch to ramp up
 // on. Asking for each run's line 1 KB ahead (past a run's end: the next vector's, the next tile's
 // for the last) read the 0.2-1.8 MB projections of a decode step 2-10% faster (a same-process A/B
-// at one row, bench/RESULTS.md, tenth session).
+// at one row, bench/RESULTS.md, tenth session). A lone row's tiles (see run) ask for the line
+// 2 KB ahead into L2 alone: 0.94x of their time without (int4; int8 0.96-0.98x), where the line
+// 1 KB ahead into L1 made them 5% slower (nineteenth session).
 constexpr int64_t kPrefetch = 1024;
+constexpr int64_t kOneRowPrefetch = 2048;
 
 // Where vector v's 16 scales (or zeros) of group b start. A tile's scales in one run, prefetched
 // 4 groups ahead, read a one-row int4 step 7-8% faster than 8 runs of 9-48 lines each (a vector's
@@ -160,10 +164,10 @@ constexpr int64_t kScalePrefetch = 4;
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
-// [MT][4][16]. The pointers are set once and the float sums stay in registers over the blocks:
+// [MT][V][16]. The pointers are set once and the float sums stay in registers over the blocks:
 // with a code address and the sums' loads and stores worked out per vector and block, half of a
 // one-row tile's instructions were bookkeeping (bench/RESULTS.md, eleventh session).
-template <int Bits, Scales S, int MT, int NT>
+template <int Bits, Scales S, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
     const int64_t stride = vector_bytes<Bits>(p);
@@ -174,7 +178,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
     __m512 acc[MT][NT];
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
-            acc[i][j] = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+            acc[i][j] = _mm512_loadu_ps(part + (i * V + j) * kLanes);
     for (int64_t b = b0; b < b1; ++b, codes += kSteps * kLoadBytes<Bits>, x += kBlock) {
         __m512i isum[MT][NT];
         for (int i = 0; i < MT; ++i)
@@ -185,7 +189,10 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             for (int j = 0; j < NT; ++j) {
                 const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
                 load_codes<Bits>(at, wv[j]);
-                _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
+                if constexpr (V == kOneRowVectors)
+                    _mm_prefetch(reinterpret_cast<const char*>(at) + kOneRowPrefetch, _MM_HINT_T1);
+                else
+                    _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
             }
             for (int i = 0; i < MT; ++i)
                 for (int j = 0; j < NT; ++j)
@@ -217,30 +224,33 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
     }
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
-            _mm512_storeu_ps(part + (i * kVectors + j) * kLanes, acc[i][j]);
+            _mm512_storeu_ps(part + (i * V + j) * kLanes, acc[i][j]);
 }
 
-template <int Bits, Scales S, int MT>
-void tile_rows(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
-    switch (nt) {
-        case 1: return tile<Bits, S, MT, 1>(p, m0, v0, b0, b1, part);
-        case 2: return tile<Bits, S, MT, 2>(p, m0, v0, b0, b1, part);
-        case 3: return tile<Bits, S, MT, 3>(p, m0, v0, b0, b1, part);
-        default: return tile<Bits, S, MT, 4>(p, m0, v0, b0, b1, part);
-    }
+// tile<..., MT, nt> for a run-time nt <= NT
+template <int Bits, Scales S, int V, int MT, int NT = V>
+void tile_cols(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
+    if constexpr (NT > 1)
+        if (nt < NT)
+            return tile_cols<Bits, S, V, MT, NT - 1>(p, m0, v0, nt, b0, b1, part);
+    tile<Bits, S, V, MT, NT>(p, m0, v0, b0, b1, part);
 }
 
-template <int Bits, Scales S>
+template <int Bits, Scales S, int V>
 void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
-    switch (mt) {
-        case 1: return tile_rows<Bits, S, 1>(p, m0, v0, nt, b0, b1, part);
-        case 2: return tile_rows<Bits, S, 2>(p, m0, v0, nt, b0, b1, part);
-        case 3: return tile_rows<Bits, S, 3>(p, m0, v0, nt, b0, b1, part);
-        default: return tile_rows<Bits, S, 4>(p, m0, v0, nt, b0, b1, part);
+    if constexpr (V == kOneRowVectors) {
+        tile_cols<Bits, S, V, 1>(p, m0, v0, nt, b0, b1, part);
+    } else {
+        switch (mt) {
+            case 1: return tile_cols<Bits, S, V, 1>(p, m0, v0, nt, b0, b1, part);
+            case 2: return tile_cols<Bits, S, V, 2>(p, m0, v0, nt, b0, b1, part);
+            case 3: return tile_cols<Bits, S, V, 3>(p, m0, v0, nt, b0, b1, part);
+            default: return tile_cols<Bits, S, V, 4>(p, m0, v0, nt, b0, b1, part);
+        }
     }
 }
 
-template <Scales S, typename T>
+template <Scales S, int V, typename T>
 void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, const float* part, T* y) {
     for (int j = 0; j < nt; ++j) {
         const int64_t n0 = (v0 + j) * kLanes;
@@ -248,7 +258,7 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
         const __m512 d = half16(p.d + scale_at(p, v0 + j, 0));
         const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
         for (int i = 0; i < mt; ++i) {
-            __m512 out = _mm512_loadu_ps(part + (i * kVectors + j) * kLanes);
+            __m512 out = _mm512_loadu_ps(part + (i * V + j) * kLanes);
             if constexpr (S == Scales::PerRow)
                 out = _mm512_mul_ps(out, d);
             tailrace::store16(y + (m0 + i) * p.N + n0, _mm512_add_ps(out, bias), mask);
@@ -256,36 +266,43 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
     }
 }
 
-// One unit of work: vectors [v_begin, v_end) in tiles of up to 4, rows [m_begin, m_end). The blocks
+// One unit of work: vectors [v_begin, v_end) in tiles of up to V, rows [m_begin, m_end). The blocks
 // are the middle loop so that a tile's codes are read from memory once a chunk and reused by every
 // row tile from cache.
-template <int Bits, Scales S, typename T>
+template <int Bits, Scales S, int V, typename T>
 void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end, T* y) {
     const int64_t row_tiles = (m_end - m_begin + kRows - 1) / kRows;
-    std::vector<float> parts(row_tiles * kRows * kVectors * kLanes);
-    for (int64_t v0 = v_begin; v0 < v_end; v0 += kVectors) {
-        const int64_t nt = std::min(kVectors, v_end - v0);
+    std::vector<float> parts(row_tiles * kRows * V * kLanes);
+    for (int64_t v0 = v_begin; v0 < v_end; v0 += V) {
+        const int64_t nt = std::min<int64_t>(V, v_end - v0);
         std::fill(parts.begin(), parts.end(), 0.0f);
         for (int64_t b0 = 0; b0 < p.KB; b0 += kChunkBlocks)
             for (int64_t r = 0; r < row_tiles; ++r) {
                 const int64_t m0 = m_begin + r * kRows;
-                tile_any<Bits, S>(p, m0, std::min(kRows, m_end - m0), v0, nt, b0, std::min(p.KB, b0 + kChunkBlocks),
-                                  parts.data() + r * kRows * kVectors * kLanes);
+                tile_any<Bits, S, V>(p, m0, std::min(kRows, m_end - m0), v0, nt, b0,
+                                     std::min(p.KB, b0 + kChunkBlocks), parts.data() + r * kRows * V * kLanes);
             }
         for (int64_t r = 0; r < row_tiles; ++r) {
             const int64_t m0 = m_begin + r * kRows;
-            store_outputs<S>(p, m0, std::min(kRows, m_end - m0), v0, nt, parts.data() + r * kRows * kVectors * kLanes, y);
+            store_outputs<S, V>(p, m0, std::min(kRows, m_end - m0), v0, nt, parts.data() + r * kRows * V * kLanes, y);
         }
     }
 }
 
 // The vectors that hold outputs and the rows, split over the threads as parallel.h splits a
-// projection's. Each output's arithmetic is the same whichever thread computes it.
+// projection's. Each output's arithmetic is the same whichever thread computes it. A lone row (a
+// decode step's) reads 8 vectors a tile, as bf16_linear does: more runs in flight. SmolLM2's 120
+// one-row projections, same-process A/B: 0.87-0.90x of their time at 4 vectors, int4 and int8
+// alike (without prefetch; 6 vectors the same, int4 at 12 or 16 0.95-1.04x), a whole int4 step
+// 0.88x, int8 0.86x (bench/RESULTS.md, nineteenth session).
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
     tailrace::parallel_vectors(used, kVectors, p.M, kRows, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
-        run_tiles<Bits, S>(p, v0, v1, m0, m1, y);
+        if (p.M == 1)
+            run_tiles<Bits, S, kOneRowVectors>(p, v0, v1, m0, m1, y);
+        else
+            run_tiles<Bits, S, kVectors>(p, v0, v1, m0, m1, y);
     });
 }
 
