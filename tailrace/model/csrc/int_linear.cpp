@@ -143,9 +143,9 @@ inline __m512i dot(__m512i sum, const __m512i* w, const ActivationCode<Bits>* x)
                                    w[1], _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + 4)));
 }
 
-// A tile reads its vectors' codes as up to 4 runs side by side, each 16 K (int8) or 8 K (int4)
-// bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's stream prefetch to ramp up
-// on. Asking for each run's line 1 KB ahead (past a run's end: the next vector's, the next tile's
+// A tile reads its vectors' codes as up to 4 runs side by side (a lone row's tile 8), each 16 K
+// (int8) or 8 K (int4) bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's
+// stream prefetch to ramp up on. Asking for each run's line 1 KB ahead (past a run's end: the next vector's, the next tile's
 // for the last) read the 0.2-1.8 MB projections of a decode step 2-10% faster (a same-process A/B
 // at one row, bench/RESULTS.md, tenth session). A lone row's tiles (see run) ask for the line
 // 2 KB ahead into L2 alone: 0.94x of their time without (int4; int8 0.96-0.98x), where the line
@@ -293,8 +293,8 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin
 // projection's. Each output's arithmetic is the same whichever thread computes it. A lone row (a
 // decode step's) reads 8 vectors a tile, as bf16_linear does: more runs in flight. SmolLM2's 120
 // one-row projections, same-process A/B: 0.87-0.90x of their time at 4 vectors, int4 and int8
-// alike (without prefetch; 6 vectors the same, int4 at 12 or 16 0.95-1.04x), a whole int4 step
-// 0.88x, int8 0.86x (bench/RESULTS.md, nineteenth session).
+// alike (without prefetch; 6 vectors the same, int4 at 12 or 16 0.95-1.04x); whole one-row steps
+// with the prefetch above int4 0.86-0.92x, int8 0.83-0.94x (bench/RESULTS.md, nineteenth session).
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
