@@ -115,25 +115,6 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     }
 }
 
-// tile<Dot, V, mt, nt> for run-time mt <= MT and nt <= NT
-template <typename Dot, int V, int MT, int NT = V>
-void tile_cols(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1, float* part,
-               bool first, bool last) {
-    if constexpr (NT > 1)
-        if (nt < NT)
-            return tile_cols<Dot, V, MT, NT - 1>(p, m0, v0, nt, kp0, kp1, part, first, last);
-    tile<Dot, V, MT, NT>(p, m0, v0, kp0, kp1, part, first, last);
-}
-
-template <typename Dot, int V, int MT>
-void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t kp0, int64_t kp1,
-              float* part, bool first, bool last) {
-    if constexpr (MT > 1)
-        if (mt < MT)
-            return tile_any<Dot, V, MT - 1>(p, m0, mt, v0, nt, kp0, kp1, part, first, last);
-    tile_cols<Dot, V, MT>(p, m0, v0, nt, kp0, kp1, part, first, last);
-}
-
 // One unit of work: vectors [v_begin, v_end) in groups of up to V, rows [m_begin, m_end), R rows
 // a tile. K is the middle loop so that a group's block of weights is read from memory once and
 // reused by every row tile from cache.
@@ -153,8 +134,12 @@ void run_groups(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begi
             for (int64_t t = 0; t < row_tiles; ++t) {
                 const int64_t m0 = m_begin + t * R;
                 float* part = blocks > 1 ? parts.data() + t * R * V * kLanes : nullptr;
-                tile_any<Dot, V, R>(p, m0, std::min<int64_t>(R, m_end - m0), v0, nt, kp0, kp1, part, b == 0,
-                                    b == blocks - 1);
+                tailrace::up_to<R>(std::min<int64_t>(R, m_end - m0), [&](auto mt) {
+                    tailrace::up_to<V>(nt, [&](auto vt) {
+                        tile<Dot, V, decltype(mt)::value, decltype(vt)::value>(p, m0, v0, kp0, kp1, part, b == 0,
+                                                                               b == blocks - 1);
+                    });
+                });
             }
         }
     }

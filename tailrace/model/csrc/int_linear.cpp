@@ -145,11 +145,11 @@ inline __m512i dot(__m512i sum, const __m512i* w, const ActivationCode<Bits>* x)
 
 // A tile reads its vectors' codes as up to 4 runs side by side (a lone row's tile 8), each 16 K
 // (int8) or 8 K (int4) bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's
-// stream prefetch to ramp up on. Asking for each run's line 1 KB ahead (past a run's end: the next vector's, the next tile's
-// for the last) read the 0.2-1.8 MB projections of a decode step 2-10% faster (a same-process A/B
-// at one row, bench/RESULTS.md, tenth session). A lone row's tiles (see run) ask for the line
-// 2 KB ahead into L2 alone: 0.94x of their time without (int4; int8 0.96-0.98x), where the line
-// 1 KB ahead into L1 made them 5% slower (nineteenth session).
+// stream prefetch to ramp up on. Asking for each run's line 1 KB ahead (past a run's end: the
+// next vector's, the next tile's for the last) read the 0.2-1.8 MB projections of a decode step
+// 2-10% faster (a same-process A/B at one row, bench/RESULTS.md, tenth session). A lone row's
+// tiles (see run) ask for the line 2 KB ahead into L2 alone: 0.94x of their time without (int4;
+// int8 0.96-0.98x), where the line 1 KB ahead into L1 made them 5% slower (nineteenth session).
 constexpr int64_t kPrefetch = 1024;
 constexpr int64_t kOneRowPrefetch = 2048;
 
@@ -227,29 +227,6 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             _mm512_storeu_ps(part + (i * V + j) * kLanes, acc[i][j]);
 }
 
-// tile<..., MT, nt> for a run-time nt <= NT
-template <int Bits, Scales S, int V, int MT, int NT = V>
-void tile_cols(const Problem& p, int64_t m0, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
-    if constexpr (NT > 1)
-        if (nt < NT)
-            return tile_cols<Bits, S, V, MT, NT - 1>(p, m0, v0, nt, b0, b1, part);
-    tile<Bits, S, V, MT, NT>(p, m0, v0, b0, b1, part);
-}
-
-template <int Bits, Scales S, int V>
-void tile_any(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, int64_t b0, int64_t b1, float* part) {
-    if constexpr (V == kOneRowVectors) {
-        tile_cols<Bits, S, V, 1>(p, m0, v0, nt, b0, b1, part);
-    } else {
-        switch (mt) {
-            case 1: return tile_cols<Bits, S, V, 1>(p, m0, v0, nt, b0, b1, part);
-            case 2: return tile_cols<Bits, S, V, 2>(p, m0, v0, nt, b0, b1, part);
-            case 3: return tile_cols<Bits, S, V, 3>(p, m0, v0, nt, b0, b1, part);
-            default: return tile_cols<Bits, S, V, 4>(p, m0, v0, nt, b0, b1, part);
-        }
-    }
-}
-
 template <Scales S, int V, typename T>
 void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t nt, const float* part, T* y) {
     for (int j = 0; j < nt; ++j) {
@@ -266,25 +243,29 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
     }
 }
 
-// One unit of work: vectors [v_begin, v_end) in tiles of up to V, rows [m_begin, m_end). The blocks
-// are the middle loop so that a tile's codes are read from memory once a chunk and reused by every
-// row tile from cache.
-template <int Bits, Scales S, int V, typename T>
+// One unit of work: vectors [v_begin, v_end) in tiles of up to V, rows [m_begin, m_end), R rows a
+// tile. The blocks are the middle loop so that a tile's codes are read from memory once a chunk
+// and reused by every row tile from cache.
+template <int Bits, Scales S, int R, int V, typename T>
 void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end, T* y) {
-    const int64_t row_tiles = (m_end - m_begin + kRows - 1) / kRows;
-    std::vector<float> parts(row_tiles * kRows * V * kLanes);
+    const int64_t row_tiles = (m_end - m_begin + R - 1) / R;
+    std::vector<float> parts(row_tiles * R * V * kLanes);
     for (int64_t v0 = v_begin; v0 < v_end; v0 += V) {
         const int64_t nt = std::min<int64_t>(V, v_end - v0);
         std::fill(parts.begin(), parts.end(), 0.0f);
         for (int64_t b0 = 0; b0 < p.KB; b0 += kChunkBlocks)
             for (int64_t r = 0; r < row_tiles; ++r) {
-                const int64_t m0 = m_begin + r * kRows;
-                tile_any<Bits, S, V>(p, m0, std::min(kRows, m_end - m0), v0, nt, b0,
-                                     std::min(p.KB, b0 + kChunkBlocks), parts.data() + r * kRows * V * kLanes);
+                const int64_t m0 = m_begin + r * R, b1 = std::min(p.KB, b0 + kChunkBlocks);
+                float* part = parts.data() + r * R * V * kLanes;
+                tailrace::up_to<R>(std::min<int64_t>(R, m_end - m0), [&](auto mt) {
+                    tailrace::up_to<V>(nt, [&](auto vt) {
+                        tile<Bits, S, V, decltype(mt)::value, decltype(vt)::value>(p, m0, v0, b0, b1, part);
+                    });
+                });
             }
         for (int64_t r = 0; r < row_tiles; ++r) {
-            const int64_t m0 = m_begin + r * kRows;
-            store_outputs<S, V>(p, m0, std::min(kRows, m_end - m0), v0, nt, parts.data() + r * kRows * V * kLanes, y);
+            const int64_t m0 = m_begin + r * R;
+            store_outputs<S, V>(p, m0, std::min<int64_t>(R, m_end - m0), v0, nt, parts.data() + r * R * V * kLanes, y);
         }
     }
 }
@@ -300,9 +281,9 @@ void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
     tailrace::parallel_vectors(used, kVectors, p.M, kRows, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
         if (p.M == 1)
-            run_tiles<Bits, S, kOneRowVectors>(p, v0, v1, m0, m1, y);
+            run_tiles<Bits, S, 1, kOneRowVectors>(p, v0, v1, m0, m1, y);
         else
-            run_tiles<Bits, S, kVectors>(p, v0, v1, m0, m1, y);
+            run_tiles<Bits, S, kRows, kVectors>(p, v0, v1, m0, m1, y);
     });
 }
 

@@ -30,6 +30,15 @@ void with_native_bf16(F&& f) {
     else
         f(std::false_type{});
 }
+// f(std::integral_constant<int, n>{}) for a run-time 1 <= n <= Most: a tile's rows or vectors as
+// the template argument its registers are sized by (bf16_linear's and int_linear's edge tiles).
+template <int Most, typename F>
+void up_to(int64_t n, const F& f) {
+    if constexpr (Most > 1)
+        if (n < Most)
+            return up_to<Most - 1>(n, f);
+    f(std::integral_constant<int, Most>{});
+}
 // bf16_amx.cpp: the same product on AMX tiles; false (and nothing written) where they cannot run:
 // no AMX, the OS refused the tile state, TAILRACE_CPU_AMX=0, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
