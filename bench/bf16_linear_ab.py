@@ -1,4 +1,5 @@
-"""bfloat16 projections, oneDNN's packed linear against tailrace's kernel, in one process:
+"""Projections, oneDNN's packed linear against tailrace's kernel, in one process, bfloat16 or
+float32 (--dtype):
 
     .venv/bin/python bench/bf16_linear_ab.py --shape smollm2-135m --rows 1 8 32 128 --threads 1 2
 
@@ -20,7 +21,7 @@ from datetime import datetime, timezone
 import torch
 
 from tailrace.bench.shapes import SHAPES, Shape
-from tailrace.model.bf16_linear import Bf16Linear, available
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, available
 from tailrace.model.cpu_linear import PackedLinear
 
 
@@ -38,25 +39,27 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--passes", type=int, default=9)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--out", default="bench/out/bf16_linear_ab.json")
     args = parser.parse_args()
     if not available():
-        raise SystemExit("the bfloat16 kernel is not available here (no AVX512-BF16, or it did not build)")
+        raise SystemExit("tailrace's kernel is not available here (no AVX512, or it did not build)")
+    dtype, ours = (torch.float32, Float32Linear) if args.dtype == "float32" else (torch.bfloat16, Bf16Linear)
     shapes = projection_shapes(SHAPES[args.shape])
     torch.manual_seed(0)
-    weights = [torch.randn(shape, dtype=torch.bfloat16) * 0.02 for shape in shapes]
-    weight_bytes = sum(w.numel() * 2 for w in weights)
-    kernels = {"onednn": [PackedLinear(w, None) for w in weights], "tailrace": [Bf16Linear(w, None) for w in weights]}
+    weights = [torch.randn(shape, dtype=dtype) * 0.02 for shape in shapes]
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    kernels = {"onednn": [PackedLinear(w, None) for w in weights], "tailrace": [ours(w, None) for w in weights]}
     del weights
     results = []
-    print(f"{args.shape}: {len(shapes)} projections, {weight_bytes / 1e6:.0f} MB of bfloat16 weights, "
+    print(f"{args.shape}: {len(shapes)} projections, {weight_bytes / 1e6:.0f} MB of {args.dtype} weights, "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"{'threads':>7} {'rows':>5} {'oneDNN ms':>10} {'GB/s':>6} {'tailrace ms':>12} {'GB/s':>6} {'ratio':>6}")
     with torch.inference_mode():
         for threads in args.threads:
             torch.set_num_threads(threads)
             for rows in args.rows:
-                inputs = {width: torch.randn(rows, width, dtype=torch.bfloat16) for _, width in shapes}
+                inputs = {width: torch.randn(rows, width, dtype=dtype) for _, width in shapes}
                 times: dict[str, list[float]] = {name: [] for name in kernels}
                 for _ in range(args.passes + 1):
                     for name, layers in kernels.items():

@@ -1,5 +1,5 @@
-"""bfloat16 projections through tailrace's kernel: the packed layout, the arithmetic against a
-float32 reference, and the batch invariance the engine's exactness rests on."""
+"""bfloat16 and float32 projections through tailrace's kernel: the packed layouts, the arithmetic
+against a float32 (float64) reference, and the batch invariance the engine's exactness rests on."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace.model import bf16_linear
-from tailrace.model.bf16_linear import Bf16Linear, PackedEmbedding, kernel_takes, pack
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_takes, pack, pack_float32
 from tailrace.model.cpu_linear import PackedLinear, pack_linears
 from tailrace.model.loader import load_model
 
@@ -40,6 +40,16 @@ def test_pack_puts_16_outputs_in_a_vector_and_k_in_pairs():
     assert not packed[1, :, 8:].any()
 
 
+def test_pack_float32_puts_a_pairs_two_values_16_lanes_apart():
+    weight = torch.arange(20 * 6, dtype=torch.float32).view(20, 6)
+    packed = pack_float32(weight)
+    assert packed.dtype == torch.float32 and packed.shape == (2, 3, 32)
+    # vector v, pair p, element e, lane l holds W[16 v + l, 2 p + e]; rows past 20 are zero
+    assert packed[1, 2, 16 + 3] == weight[19, 5]
+    assert packed[0, 1, 15] == weight[15, 2]
+    assert not packed[1, :, 4:16].any() and not packed[1, :, 20:].any()
+
+
 def test_the_kernel_takes_k_in_pairs_only():
     assert kernel_takes(torch.empty(4, 64)) and not kernel_takes(torch.empty(4, 63))
 
@@ -61,6 +71,36 @@ def test_matches_a_float32_product_of_the_same_bfloat16_values(rows, out_feature
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows, out_features, in_features", [(1, 1728, 576), (3, 49, 576), (37, 100, 1152), (5, 64, 2050)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_matches_a_float64_product(rows, out_features, in_features, bias):
+    g = torch.Generator().manual_seed(rows)
+    weight, b = torch.randn(out_features, in_features, generator=g) * 0.05, torch.randn(out_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g)
+    got = Float32Linear(weight, b if bias else None)(x)
+    expected = F.linear(x.double(), weight.double(), b.double() if bias else None)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def sequential_fma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Each output's float32 sum over k in order, one FMA a product: the product of two float32 is
+    exact in float64, so adding it there and rounding to float32 rounds as the FMA does (but for a
+    double rounding, about 2^-29 a step; these inputs have none)."""
+    acc = torch.zeros(x.shape[0], weight.shape[0])
+    for k in range(x.shape[1]):
+        acc = (acc.double() + x[:, k, None].double() * weight[None, :, k].double()).float()
+    return acc + bias
+
+
+@needs_kernel
+def test_float32_sums_each_output_over_k_in_order():
+    g = torch.Generator().manual_seed(4)
+    weight, bias, x = torch.randn(40, 600, generator=g), torch.randn(40, generator=g), torch.randn(6, 600, generator=g)
+    assert torch.equal(Float32Linear(weight, bias)(x), sequential_fma(x, weight, bias))
+
+
+@needs_kernel
 def test_keeps_leading_dimensions():
     weight, _ = random_linear(48, 32, False, seed=0)
     x = torch.randn(2, 3, 32).bfloat16()
@@ -70,11 +110,14 @@ def test_keeps_leading_dimensions():
 @needs_kernel
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(1, 70), out_features=st.integers(1, 200), pairs=st.integers(1, 600),
-       threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
-def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(rows, out_features, pairs, threads, seed):
-    weight, bias = random_linear(out_features, 2 * pairs, True, seed)
-    linear = Bf16Linear(weight, bias)
-    x = torch.randn(rows, 2 * pairs, generator=torch.Generator().manual_seed(seed)).bfloat16()
+       threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16), float32=st.booleans())
+def test_a_rows_output_is_bitwise_the_same_in_any_batch_and_at_any_thread_count(rows, out_features, pairs, threads, seed,
+                                                                                  float32):
+    g = torch.Generator().manual_seed(seed)
+    weight, bias, x = torch.randn(out_features, 2 * pairs, generator=g), torch.randn(out_features, generator=g), \
+        torch.randn(rows, 2 * pairs, generator=g)
+    linear = Float32Linear(weight, bias) if float32 else Bf16Linear(weight.bfloat16(), bias.bfloat16())
+    x = x if float32 else x.bfloat16()
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -130,15 +173,17 @@ def test_without_the_bfloat16_dot_product_two_fmas_a_pair_give_its_sums(tmp_path
 
 
 @needs_kernel
-def test_a_packed_embedding_looks_up_the_rows_of_the_packed_weight():
+@pytest.mark.parametrize("head", [Bf16Linear, Float32Linear])
+def test_a_packed_embedding_looks_up_the_rows_of_the_packed_weight(head):
     weight, _ = random_linear(100, 64, False, seed=3)  # 100 rows: the last vector is partly padding
-    lookup = PackedEmbedding(Bf16Linear(weight, None))
+    weight = weight if head is Bf16Linear else torch.randn(100, 64, generator=torch.Generator().manual_seed(3))
+    lookup = PackedEmbedding(head(weight, None))
     ids = torch.tensor([[0, 5, 17], [99, 16, 15]])
-    assert torch.equal(lookup(ids), weight[ids])
+    assert lookup(ids).dtype == weight.dtype and torch.equal(lookup(ids), weight[ids])
 
 
 @needs_kernel
-def test_pack_linears_takes_the_kernel_for_bfloat16_and_onednn_for_float32():
+def test_pack_linears_takes_the_kernel_at_either_dtype_and_reads_lookups_from_the_head():
     bf16, config = load_model(str(EMBEDDED), dtype="bfloat16")
     reference, _ = load_model(str(EMBEDDED), dtype="bfloat16")
     pack_linears(bf16)
@@ -150,5 +195,9 @@ def test_pack_linears_takes_the_kernel_for_bfloat16_and_onednn_for_float32():
     got, expected = _prefill_logits(bf16, config, tokens), _prefill_logits(reference, config, tokens)
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
     fp32, _ = load_model(str(EMBEDDED), dtype="float32")
+    reference, _ = load_model(str(EMBEDDED), dtype="float32")
     pack_linears(fp32)
-    assert not any(isinstance(m, Bf16Linear) for m in fp32.modules())
+    kinds = {type(m) for m in fp32.modules() if isinstance(m, (Bf16Linear, Float32Linear, PackedLinear))}
+    assert kinds == {Float32Linear} and isinstance(fp32.model.embed_tokens, PackedEmbedding)
+    got, expected = _prefill_logits(fp32, config, tokens), _prefill_logits(reference, config, tokens)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)

@@ -4,6 +4,10 @@ bfloat16 dot product where the CPU has AVX512-BF16, two float32 FMAs a pair wher
 The kernel streams the weights at the memory's rate for one decode row and keeps the property
 the engine's exactness needs: a row's bits depend neither on the other rows of the batch nor on
 the thread count (each output accumulates its K pairs in order, whatever the tiling).
+
+The same tiles run a tied float32 model's head (`Float32Linear`), so that its lookups read the
+head's packed table (`PackedEmbedding`) and the table is held once: oneDNN's packed layout, which
+the other float32 projections keep (cpu_linear.py), cannot be read row by row.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return pair_layout(weight.to(torch.bfloat16), -(-weight.shape[0] // _LANES))
 
 
+def pack_float32(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> float32 [ceil(N / 16), K / 2, 32]: 16 outputs a vector, each K pair as two runs of
+    16 lanes (lane l's even value at l, its odd one at 16 + l)."""
+    n, k = weight.shape
+    vectors = -(-n // _LANES)
+    rows = padded(weight.float(), vectors * _LANES)
+    return rows.view(vectors, _LANES, k // 2, 2).permute(0, 2, 3, 1).contiguous().view(vectors, k // 2, 2 * _LANES)
+
+
 def kernel_takes(weight: torch.Tensor) -> bool:
     """The kernel reads K in pairs."""
     return weight.shape[1] % 2 == 0
@@ -54,7 +67,21 @@ class Bf16Linear(Module):
         self.register_buffer("packed", pack(weight.detach()))
         # float32 and padded to whole vectors: the kernel adds it before rounding, 16 at a time
         self.register_buffer("bias", None if bias is None else padded(bias.detach().float(), self.packed.shape[0] * _LANES))
-        self._linear = kernels().bf16_linear
+        self._linear = kernels().linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.packed, self.bias, self.out_features)
+
+
+class Float32Linear(Module):
+    """A float32 projection through the same kernel's FMA tiles."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.register_buffer("packed", pack_float32(weight.detach()))
+        self.register_buffer("bias", None if bias is None else padded(bias.detach().float(), self.packed.shape[0] * _LANES))
+        self._linear = kernels().linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.packed, self.bias, self.out_features)
@@ -62,13 +89,16 @@ class Bf16Linear(Module):
 
 class PackedEmbedding(Module):
     """A tied model's embedding lookup read out of its packed head, so the table is held once:
-    row n of the weight is lane n % 16 of vector n // 16, its K values in pairs."""
+    row n of the weight is lane n % 16 of vector n // 16, its K values in pairs (bfloat16: a
+    pair's two values side by side; float32: 16 lanes apart)."""
 
-    def __init__(self, head: Bf16Linear) -> None:
+    def __init__(self, head: Bf16Linear | Float32Linear) -> None:
         super().__init__()
         vectors, pairs, _ = head.packed.shape
-        self.packed = head.packed
-        self._lanes = head.packed.view(vectors, pairs, _LANES, 2)
+        self.packed = packed = head.packed
+        # [vectors, K / 2, lane, the pair's two values]
+        self._lanes = (packed.view(vectors, pairs, _LANES, 2) if packed.dtype == torch.bfloat16
+                       else packed.view(vectors, pairs, 2, _LANES).transpose(2, 3))
         self.width = 2 * pairs
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,9 @@ SmolLM2-135M-shaped model spent 84% of its time there, and oneDNN's JIT kernels 
 packed at load measured faster at every batch size: 30 layers plus the 49k-vocabulary head,
 cold weights, 1 thread, 38.6 vs 42.1 ms at 1 row, 66.8 vs 102.9 ms at 8 rows and 170 vs 198 ms
 at 32 rows (bench/RESULTS.md). The packed weight replaces the plain one, so the model holds one
-copy; the tied LM head gets its own packed copy, since the embedding lookup needs plain rows.
+copy. A tied model's head is the exception: oneDNN's blocked layout cannot serve the embedding's
+row lookups, so where tailrace's kernels run, the head goes through them (bf16_linear.py
+Float32Linear) and the lookups read its table.
 """
 
 from __future__ import annotations
@@ -41,19 +43,23 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
 def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every projection (and the tied LM head) packed once, in place: bfloat16 ones through
     tailrace's kernel where the CPU has AVX512-BF16 (faster at every batch size measured,
-    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear. A tied model's lookups then
-    read the kernel's packed head, so its table is not held twice."""
-    own = model.dtype == torch.bfloat16 and bf16_linear.available()
-    tied = model.lm_head is None
+    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear, but a tied float32 head through
+    the kernel's float32 tiles. A tied model's lookups then read the kernel's packed head, so its
+    table is not held twice."""
+    own = bf16_linear.available()
+    table = model.model.embed_tokens.weight if model.lm_head is None else None
 
     def make(weight: torch.Tensor, bias: torch.Tensor | None) -> Module:
         if own and bf16_linear.kernel_takes(weight):
-            return bf16_linear.Bf16Linear(weight, bias)
+            if model.dtype == torch.bfloat16:
+                return bf16_linear.Bf16Linear(weight, bias)
+            return bf16_linear.Float32Linear(weight, bias)
         return PackedLinear(weight, bias)
 
     replace_projections(model, make)
-    if tied and isinstance(model.lm_head, bf16_linear.Bf16Linear) and isinstance(model.model.embed_tokens, Embedding):
-        # The head's packed table serves the lookups too: one copy (57 MB on SmolLM2-135M, 525 MB
-        # on Llama 3.2 1B) instead of two.
+    if (isinstance(model.lm_head, (bf16_linear.Bf16Linear, bf16_linear.Float32Linear)) and table is not None
+            and isinstance(model.model.embed_tokens, Embedding)):
+        # The head's packed table serves the lookups too: one copy (SmolLM2-135M's: 57 MB in
+        # bfloat16, 113 MB in float32; Llama 3.2 1B's: 525 MB / 1 GB) instead of two.
         model.model.embed_tokens = bf16_linear.PackedEmbedding(model.lm_head)
     return model

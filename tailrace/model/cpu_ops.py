@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.model.attention import AttentionBatch, KVCache
-from tailrace.model.bf16_linear import Bf16Linear, PackedEmbedding
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.huge_pages import Arena
@@ -94,7 +94,7 @@ class FusedForward:
 
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
-_STREAMED = {Bf16Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
+_STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
 
 
 def _buffers(projection: Bf16Linear | IntLinear) -> list[torch.Tensor | None]:
@@ -127,7 +127,7 @@ def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
 
 
 def gather_weights(model: LlamaForCausalLM) -> None:
-    """Every Bf16Linear's and IntLinear's weights moved, in the order a step reads them (the
+    """Every Bf16Linear's, Float32Linear's and IntLinear's weights moved, in the order a step reads them (the
     modules' order: layer by layer, then the head), into one arena on huge pages (huge_pages.py).
     Only the addresses change."""
     slots = [(module, name) for module in model.modules() if type(module) in _STREAMED

@@ -12,6 +12,10 @@
 // tile, vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks
 // only park the accumulators in float32 between blocks, which is exact.
 //
+// The same tiles take float32 x and W (`Float32`, f32_linear): a tied float32 model's head, packed
+// as [NV][KP][2][16] so that its embedding lookups can read their rows out of it (one table held,
+// not two; bf16_linear.py PackedEmbedding).
+//
 // Why not oneDNN: this one measured 0.80-0.99x oneDNN's packed bfloat16 time on the SmolLM2-135M
 // shape's projections at 1-128 rows and 2 threads, most at 8 rows (bench/bf16_linear_ab.py).
 
@@ -38,16 +42,18 @@ constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 
 constexpr int64_t kWidenGrain = 1024;  // vectors of x a thread widens at least (16k values)
 
 struct Problem {
-    const uint16_t* x;   // [M][K]
-    const float* xf;     // [M][K]: x widened to float32, for `Emulated` only
-    const uint16_t* w;   // [NV][KP][32]
+    const uint16_t* x;   // [M][K] bfloat16, for `Native`
+    const float* xf;     // [M][K] float32: x widened (`Emulated`) or as given (`Float32`)
+    const void* w;       // [NV][KP][32] of the policy's W
     const float* bias;   // [NV * 16] or nullptr
-    uint16_t* y;         // [M][N]
+    void* y;             // [M][N] of the policy's Y
     int64_t M, K, N, KP, NV;
 };
 
 // vdpbf16ps: lane l += x[2l + 1] * w[2l + 1], then += x[2l] * w[2l] (the instruction's order).
 struct Native {
+    using W = uint16_t;
+    using Y = uint16_t;
     using Pair = __m512i;     // one input pair, broadcast
     using Weights = __m512i;  // 16 weight pairs
     static Pair pair(const Problem& p, int64_t row, int64_t kp) {
@@ -55,13 +61,15 @@ struct Native {
     }
     static Weights weights(const uint16_t* w) { return _mm512_loadu_si512(w); }
     static __m512 dot(__m512 acc, Pair a, Weights w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
-    static __m256i round(__m512 v) { return tailrace::to_bf16_bits<true>(v); }
+    static void store(uint16_t* y, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(y, m, tailrace::to_bf16_bits<true>(v)); }
 };
 
 // The same sums from two FMAs. Compute-bound tiles (prefill, large batches) are limited by the
 // two vector ports the FMAs share with the bfloat16 widening, so the inputs are widened once per
 // call (p.xf, broadcast straight from memory) and each weight vector once per tile step.
 struct Emulated {
+    using W = uint16_t;
+    using Y = uint16_t;
     struct Pair { __m512 high, low; };
     struct Weights { __m512 high, low; };
     static Pair pair(const Problem& p, int64_t row, int64_t kp) {
@@ -76,7 +84,25 @@ struct Emulated {
     static __m512 dot(__m512 acc, Pair a, Weights w) {
         return _mm512_fmadd_ps(a.low, w.low, _mm512_fmadd_ps(a.high, w.high, acc));
     }
-    static __m256i round(__m512 v) { return tailrace::to_bf16_bits<false>(v); }
+    static void store(uint16_t* y, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(y, m, tailrace::to_bf16_bits<false>(v)); }
+};
+
+// float32 x and W: a pair's two k are two runs of 16 lanes, the even one first, one FMA each, so
+// each output sums its K products in order.
+struct Float32 {
+    using W = float;
+    using Y = float;
+    struct Pair { __m512 even, odd; };
+    struct Weights { __m512 even, odd; };
+    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
+        const float* x = p.xf + row * p.K + 2 * kp;
+        return {_mm512_set1_ps(x[0]), _mm512_set1_ps(x[1])};
+    }
+    static Weights weights(const float* w) { return {_mm512_loadu_ps(w), _mm512_loadu_ps(w + kLanes)}; }
+    static __m512 dot(__m512 acc, Pair a, Weights w) {
+        return _mm512_fmadd_ps(a.odd, w.odd, _mm512_fmadd_ps(a.even, w.even, acc));
+    }
+    static void store(float* y, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(y, m, v); }
 };
 
 // Rows m0..m0+MT-1 against vectors v0..v0+NT-1 over pairs [kp0, kp1); `part` holds the rows'
@@ -88,7 +114,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
             acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * V + j) * kLanes);
-    const uint16_t* w = p.w + v0 * p.KP * 2 * kLanes;
+    const typename Dot::W* w = static_cast<const typename Dot::W*>(p.w) + v0 * p.KP * 2 * kLanes;
     for (int64_t kp = kp0; kp < kp1; ++kp) {
         typename Dot::Weights wv[NT];
         for (int j = 0; j < NT; ++j)
@@ -109,9 +135,8 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
         const int64_t n0 = (v0 + j) * kLanes;
         const __mmask16 mask = lanes(p.N - n0);
         const __m512 b = p.bias ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
-        for (int i = 0; i < MT; ++i) {
-            _mm256_mask_storeu_epi16(p.y + (m0 + i) * p.N + n0, mask, Dot::round(_mm512_add_ps(acc[i][j], b)));
-        }
+        for (int i = 0; i < MT; ++i)
+            Dot::store(static_cast<typename Dot::Y*>(p.y) + (m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i][j], b));
     }
 }
 
@@ -159,10 +184,28 @@ std::unique_ptr<float[]> widened(const c10::BFloat16* x, int64_t count) {
     return out;
 }
 
+// float32 x through float32 weights packed as [NV][KP][2][16] (see Float32).
+void f32_linear(const float* x, const float* packed, int64_t vectors, const float* bias, float* y, int64_t rows,
+                int64_t k, int64_t n) {
+    if (rows == 0)
+        return;
+    const Problem p{nullptr, x, packed, bias, y, rows, k, n, k / 2, vectors};
+    // A lone row reads 8 vectors at a time, as bfloat16's does; at 4 x 4 a step's 8 weight loads
+    // and 8 broadcasts feed 32 FMAs.
+    tailrace::parallel_vectors(p.NV, 4, p.M, 4, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
+        if (p.M == 1)
+            run_groups<Float32, 1, 8>(p, v0, v1, m0, m1);
+        else
+            run_groups<Float32, 4, 4>(p, v0, v1, m0, m1);
+    });
+}
+
+// y [..., n] = x [..., K] @ W.T (+ bias): bfloat16 or float32 x and packed weights of x's dtype.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                      int64_t n) {
-    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16,
-                "bf16_linear takes bfloat16 input and packed weights");
+    TORCH_CHECK((x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat) &&
+                    packed.scalar_type() == x.scalar_type(),
+                "the linear kernel takes bfloat16 or float32 input and packed weights of the same dtype");
     TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 2 * kLanes && packed.is_contiguous(),
                 "packed weights must be [NV, K/2, 32]");
     const int64_t K = x.size(-1);
@@ -171,8 +214,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = n;
     torch::Tensor y = torch::empty(shape, x.options());
-    tailrace::bf16_linear(rows.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), packed.size(0),
-                          bias ? bias->data_ptr<float>() : nullptr, y.data_ptr<c10::BFloat16>(), rows.size(0), K, n);
+    const float* b = bias ? bias->data_ptr<float>() : nullptr;
+    if (x.scalar_type() == torch::kFloat)
+        f32_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), packed.size(0), b, y.data_ptr<float>(),
+                   rows.size(0), K, n);
+    else
+        tailrace::bf16_linear(rows.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), packed.size(0), b,
+                              y.data_ptr<c10::BFloat16>(), rows.size(0), K, n);
     return y;
 }
 
@@ -193,8 +241,7 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
         return;
     const bool native = tailrace::native_bf16_dot();
     const std::unique_ptr<float[]> xf = native ? nullptr : widened(x, rows * k);
-    const Problem p{reinterpret_cast<const uint16_t*>(x), xf.get(), reinterpret_cast<const uint16_t*>(packed), bias,
-                    reinterpret_cast<uint16_t*>(y), rows, k, n, k / 2, vectors};
+    const Problem p{reinterpret_cast<const uint16_t*>(x), xf.get(), packed, bias, y, rows, k, n, k / 2, vectors};
     // Tiles: 4 rows x 4 vectors (16 accumulators, each weight load serving 4 rows), but where the
     // FMA pairs widen every weight vector, 12 rows x 2 vectors (24 accumulators) from 8 rows on:
     // the widening is then 4 of 52 vector instructions a step instead of 8 of 40. Same-process A/B
@@ -218,5 +265,5 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
 }
 
 void register_bf16_linear(pybind11::module& m) {
-    m.def("bf16_linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16, AVX512)");
+    m.def("linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16 or float32, AVX512)");
 }
