@@ -32,8 +32,8 @@ STEPS = [
 
 
 def random_model(model_type: str, seed: int = 0, quantization: str | None = None, tied: bool = False,
-                 huge_pages: bool = True) -> LlamaForCausalLM:
-    """A 3-layer bfloat16 model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
+                 huge_pages: bool = True, dtype: torch.dtype = torch.bfloat16) -> LlamaForCausalLM:
+    """A 3-layer model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
     weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does.
     Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
     config = parse_model_config({
@@ -41,7 +41,7 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
         "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
     })
-    model = LlamaForCausalLM(config, torch.bfloat16)
+    model = LlamaForCausalLM(config, dtype)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -59,7 +59,7 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
 def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
     c = model.config
     return PagedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE,
-                        torch.bfloat16, max_seqs=8)
+                        model.dtype, max_seqs=8)
 
 
 def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int, int, int]],
@@ -80,13 +80,16 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     return model(torch.tensor(ids), torch.tensor(positions), batch, cache, rows)
 
 
-@pytest.mark.parametrize("model_type, quantization, tied", [
-    ("llama", None, False), ("qwen2", None, False), ("qwen3", None, False), ("llama", None, True),
-    pytest.param("llama", "int8", False, marks=needs_int_kernel),
-    pytest.param("qwen2", "int4", False, marks=needs_int_kernel), pytest.param("llama", "int4", True, marks=needs_int_kernel),
+@pytest.mark.parametrize("model_type, quantization, tied, dtype", [
+    ("llama", None, False, torch.bfloat16), ("qwen2", None, False, torch.bfloat16),
+    ("qwen3", None, False, torch.bfloat16), ("llama", None, True, torch.bfloat16),
+    ("llama", None, False, torch.float32), ("qwen2", None, False, torch.float32), ("qwen3", None, True, torch.float32),
+    pytest.param("llama", "int8", False, torch.bfloat16, marks=needs_int_kernel),
+    pytest.param("qwen2", "int4", False, torch.bfloat16, marks=needs_int_kernel),
+    pytest.param("llama", "int4", True, torch.bfloat16, marks=needs_int_kernel),
 ])
-def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied):
-    model = random_model(model_type, quantization=quantization, tied=tied)
+def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied, dtype):
+    model = random_model(model_type, quantization=quantization, tied=tied, dtype=dtype)
     assert isinstance(model.model.embed_tokens, bf16_linear.PackedEmbedding) == (tied and quantization is None)
     fused = model.model.fused_forward
     assert isinstance(fused, cpu_ops.FusedForward)
@@ -100,11 +103,15 @@ def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches
         assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
 
 
-@pytest.mark.parametrize("quantization, tied", [(None, True), pytest.param("int4", False, marks=needs_int_kernel)])
-def test_weights_gathered_onto_huge_pages_in_reading_order_change_no_bit(quantization, tied):
-    gathered = random_model("llama", quantization=quantization, tied=tied)
-    scattered = random_model("llama", quantization=quantization, tied=tied, huge_pages=False)
-    projections = [m for m in gathered.modules() if isinstance(m, (bf16_linear.Bf16Linear, int_linear.IntLinear))]
+@pytest.mark.parametrize("quantization, tied, dtype", [
+    (None, True, torch.bfloat16), (None, True, torch.float32),
+    pytest.param("int4", False, torch.bfloat16, marks=needs_int_kernel),
+])
+def test_weights_gathered_onto_huge_pages_in_reading_order_change_no_bit(quantization, tied, dtype):
+    gathered = random_model("llama", quantization=quantization, tied=tied, dtype=dtype)
+    scattered = random_model("llama", quantization=quantization, tied=tied, huge_pages=False, dtype=dtype)
+    kinds = (bf16_linear.Bf16Linear, bf16_linear.Float32Linear, int_linear.IntLinear)
+    projections = [m for m in gathered.modules() if isinstance(m, kinds)]
     assert projections[-1] is gathered.lm_head and len(projections) == 4 * 3 + 1
     weights = [t for m in projections for t in ([m.packed] if quantization is None else [m.codes, m.scales, m.zeros])]
     assert len({t.untyped_storage().data_ptr() for t in weights}) == 1
@@ -122,11 +129,13 @@ def test_weights_gathered_onto_huge_pages_in_reading_order_change_no_bit(quantiz
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("quantization", [None, pytest.param("int4", marks=needs_int_kernel)])
-def test_the_last_layer_computes_only_the_wanted_rows_with_their_bits_and_every_rows_kv(quantization):
+@pytest.mark.parametrize("quantization, dtype", [
+    (None, torch.bfloat16), (None, torch.float32), pytest.param("int4", torch.bfloat16, marks=needs_int_kernel),
+])
+def test_the_last_layer_computes_only_the_wanted_rows_with_their_bits_and_every_rows_kv(quantization, dtype):
     """The rows that need logits (each sequence's last, a few for prompt logprobs, or none) come out
     with the bits the whole step gives them, and the stored K/V is every row's."""
-    model = random_model("qwen3", quantization=quantization)
+    model = random_model("qwen3", quantization=quantization, dtype=dtype)
     for rows in ([19, 54, 61], [0, 1, 2, 40, 61], [], list(range(62))):
         whole_cache, rows_cache = new_cache(model), new_cache(model)
         whole = run_step(model, whole_cache, STEPS[0])
@@ -139,8 +148,9 @@ def test_the_last_layer_computes_only_the_wanted_rows_with_their_bits_and_every_
         run_step(model, new_cache(model), STEPS[0], [5, 3])
 
 
-def test_a_decode_row_has_the_same_bits_alone_and_in_a_mixed_batch():
-    model = random_model("llama")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_decode_row_has_the_same_bits_alone_and_in_a_mixed_batch(dtype):
+    model = random_model("llama", dtype=dtype)
     together, alone = new_cache(model), new_cache(model)
     for step in STEPS[:2]:
         run_step(model, together, step)
@@ -154,12 +164,18 @@ def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
     model = random_model("llama")
     c = model.config
     slab = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16)
-    assert not cpu_ops.FusedForward.takes(slab) and cpu_ops.FusedForward.takes(new_cache(model))
+    fused = model.model.fused_forward
+    assert not fused.takes(slab) and fused.takes(new_cache(model))
+    float32 = PagedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE,
+                           torch.float32)
+    assert not fused.takes(float32)  # pages of another dtype than the model's
 
 
-def test_only_a_bfloat16_model_on_kernel_projections_is_fused():
+def test_only_a_model_on_kernel_projections_at_its_dtype_is_fused():
     config = random_model("llama").config
     float32 = cpu_ops.prepare(LlamaForCausalLM(config, torch.float32), CPU, None)
-    assert float32.model.fused_forward is None
+    assert float32.model.fused_forward.dtype == torch.float32
     quantized = cpu_ops.prepare(LlamaForCausalLM(config, torch.bfloat16), CPU, "int8")  # projections left unpacked
     assert quantized.model.fused_forward is None
+    half = cpu_ops.prepare(LlamaForCausalLM(config, torch.float16), CPU, None)
+    assert half.model.fused_forward is None

@@ -12,8 +12,9 @@
   engine/structured.py.
 - `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it (AVX512),
   see engine/sampler.py.
-- `DecoderForward`: a bfloat16 forward (bfloat16 or integer projections), token ids to the final
-  norm, in one call to the kernels above, see cpu_ops.FusedForward.
+- `DecoderForward`, `DecoderForwardFloat32`: a bfloat16 forward (bfloat16 or integer projections)
+  or a float32 one, token ids to the final norm, in one call to the kernels above, see
+  cpu_ops.FusedForward.
 
 Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's

@@ -7,8 +7,8 @@ implementation's rounding points; bfloat16 results are bitwise the eager ones
 (tests/test_cpu_ops.py).
 
 With those and the packed projections in place, a step still made about ten calls a layer
-through Python modules and the dispatcher. `FusedForward` (csrc/decoder.cpp) runs a bfloat16
-model's forward, from the embedding lookup through every layer to the final norm, in one call to
+through Python modules and the dispatcher. `FusedForward` (csrc/decoder.cpp) runs a bfloat16 or
+float32 model's forward, from the embedding lookup through every layer to the final norm, in one call to
 the same kernel functions, in the same order with the same rounding points, so it gives the
 per-module path's bits in any batch (tests/test_fused_forward.py) and the engine's exactness holds
 on either path; a batch-1 decode step of SmolLM2-135M's 30 layers went from 14.7 to 11.6 ms
@@ -62,7 +62,9 @@ class FusedForward:
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         config = model.config
-        self._forward = kernels().DecoderForward(config.hidden_size, config.num_attention_heads,
+        self.dtype = model.dtype
+        forward = kernels().DecoderForward if model.dtype == torch.bfloat16 else kernels().DecoderForwardFloat32
+        self._forward = forward(config.hidden_size, config.num_attention_heads,
                                                  config.num_key_value_heads, config.head_dim,
                                                  config.intermediate_size, config.rms_norm_eps)
         for layer in model.model.layers:
@@ -78,10 +80,9 @@ class FusedForward:
         self._forward.set_outer(embedding=embed.packed if packed else embed.weight, vocab=config.vocab_size,
                                 packed=packed, cos=rotary.cos, sin=rotary.sin, final_norm=model.model.norm.weight)
 
-    @staticmethod
-    def takes(cache: KVCache | PagedKVCache) -> bool:
-        """Attention read from the pages by tailrace's kernel, at bfloat16."""
-        return isinstance(cache, PagedKVCache) and cache.runs_native_kernel and cache.dtype == torch.bfloat16
+    def takes(self, cache: KVCache | PagedKVCache) -> bool:
+        """Attention read from the pages by tailrace's kernel, at the model's dtype."""
+        return isinstance(cache, PagedKVCache) and cache.runs_native_kernel and cache.dtype == self.dtype
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                  cache: PagedKVCache, rows: list[int] | None = None) -> torch.Tensor:
@@ -95,33 +96,36 @@ class FusedForward:
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
 _STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
+# the projections FusedForward runs at each dtype
+_FUSED = {torch.bfloat16: (Bf16Linear, IntLinear), torch.float32: (Float32Linear,)}
 
 
-def _buffers(projection: Bf16Linear | IntLinear) -> list[torch.Tensor | None]:
+def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.Tensor | None]:
     """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias."""
     return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]
 
 
 def fusable(model: LlamaForCausalLM) -> bool:
-    """bfloat16, and every part on the kernels FusedForward calls: a plain or packed embedding,
-    packed or integer projections (a bias on qkv only), kernel norms at the config's eps, the rotary
-    and SiLU-and-multiply kernels."""
-    eps = model.config.rms_norm_eps
-    return (model.dtype == torch.bfloat16 and type(model.model.embed_tokens) in (Embedding, PackedEmbedding)
-            and _kernel_norm(model.model.norm, eps) and all(_fusable_layer(layer, eps) for layer in model.model.layers))
+    """bfloat16 or float32, and every part on the kernels FusedForward calls: a plain or packed
+    embedding, packed projections (or, at bfloat16, integer ones) with a bias on qkv only, kernel
+    norms at the config's eps, the rotary and SiLU-and-multiply kernels."""
+    eps, kinds = model.config.rms_norm_eps, _FUSED.get(model.dtype)
+    return (kinds is not None and type(model.model.embed_tokens) in (Embedding, PackedEmbedding)
+            and _kernel_norm(model.model.norm, eps)
+            and all(_fusable_layer(layer, eps, kinds) for layer in model.model.layers))
 
 
 def _kernel_norm(norm: Module, eps: float) -> bool:
     return type(norm) is KernelRMSNorm and norm.eps == eps
 
 
-def _fusable_layer(layer: DecoderLayer, eps: float) -> bool:
+def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...]) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if attn.q_norm is not None:
         norms += [attn.q_norm, attn.k_norm]
-    return (all(type(p) in _STREAMED for p in projections) and all(p.bias is None for p in projections[1:])
+    return (all(type(p) in kinds for p in projections) and all(p.bias is None for p in projections[1:])
             and all(_kernel_norm(n, eps) for n in norms)
             and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
 

@@ -12,9 +12,9 @@
 // tile, vectors per tile, K blocks, threads splitting the vectors) never changes a result. K blocks
 // only park the accumulators in float32 between blocks, which is exact.
 //
-// The same tiles take float32 x and W (`Float32`, f32_linear): a tied float32 model's head, packed
-// as [NV][KP][2][16] so that its embedding lookups can read their rows out of it (one table held,
-// not two; bf16_linear.py PackedEmbedding).
+// The same tiles take float32 x and W (`Float32`, f32_linear): a float32 model's projections,
+// packed as [NV][KP][2][16], one FMA a value and nothing to widen; a tied model's embedding lookups
+// read their rows out of its packed head (one table held, not two; bf16_linear.py PackedEmbedding).
 //
 // Why not oneDNN: this one measured 0.80-0.99x oneDNN's packed bfloat16 time on the SmolLM2-135M
 // shape's projections at 1-128 rows and 2 threads, most at 8 rows (bench/bf16_linear_ab.py).
@@ -184,22 +184,6 @@ std::unique_ptr<float[]> widened(const c10::BFloat16* x, int64_t count) {
     return out;
 }
 
-// float32 x through float32 weights packed as [NV][KP][2][16] (see Float32).
-void f32_linear(const float* x, const float* packed, int64_t vectors, const float* bias, float* y, int64_t rows,
-                int64_t k, int64_t n) {
-    if (rows == 0)
-        return;
-    const Problem p{nullptr, x, packed, bias, y, rows, k, n, k / 2, vectors};
-    // A lone row reads 8 vectors at a time, as bfloat16's does; at 4 x 4 a step's 8 weight loads
-    // and 8 broadcasts feed 32 FMAs.
-    tailrace::parallel_vectors(p.NV, 4, p.M, 4, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
-        if (p.M == 1)
-            run_groups<Float32, 1, 8>(p, v0, v1, m0, m1);
-        else
-            run_groups<Float32, 4, 4>(p, v0, v1, m0, m1);
-    });
-}
-
 // y [..., n] = x [..., K] @ W.T (+ bias): bfloat16 or float32 x and packed weights of x's dtype.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                      int64_t n) {
@@ -216,7 +200,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     torch::Tensor y = torch::empty(shape, x.options());
     const float* b = bias ? bias->data_ptr<float>() : nullptr;
     if (x.scalar_type() == torch::kFloat)
-        f32_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), packed.size(0), b, y.data_ptr<float>(),
+        tailrace::f32_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), packed.size(0), b, y.data_ptr<float>(),
                    rows.size(0), K, n);
     else
         tailrace::bf16_linear(rows.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), packed.size(0), b,
@@ -261,6 +245,22 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
             run_groups<Emulated, 12, 2>(p, v0, v1, m0, m1);
         else
             run_groups<Emulated, 4, 4>(p, v0, v1, m0, m1);
+    });
+}
+
+// float32 x through float32 weights packed as [NV][KP][2][16] (see Float32).
+void tailrace::f32_linear(const float* x, const float* packed, int64_t vectors, const float* bias, float* y,
+                          int64_t rows, int64_t k, int64_t n) {
+    if (rows == 0)
+        return;
+    const Problem p{nullptr, x, packed, bias, y, rows, k, n, k / 2, vectors};
+    // A lone row reads 8 vectors at a time, as bfloat16's does; at 4 x 4 a step's 8 weight loads
+    // and 8 broadcasts feed 32 FMAs.
+    tailrace::parallel_vectors(p.NV, 4, p.M, 4, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
+        if (p.M == 1)
+            run_groups<Float32, 1, 8>(p, v0, v1, m0, m1);
+        else
+            run_groups<Float32, 4, 4>(p, v0, v1, m0, m1);
     });
 }
 

@@ -1,4 +1,5 @@
-// A bfloat16 Llama-family forward in one call from Python: token ids to the final norm's rows.
+// A bfloat16 or float32 Llama-family forward in one call from Python: token ids to the final norm's
+// rows.
 //
 // The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -25,10 +27,10 @@ namespace {
 using BF16 = c10::BFloat16;
 using tailrace::kLanes;
 
-// A projection as its kernel holds it: bfloat16 weights packed for bf16_linear, or integer codes
-// for int_linear (Bf16Linear's or IntLinear's buffers).
+// A projection as its kernel holds it: weights packed for bf16_linear / f32_linear, or integer codes
+// for int_linear (Bf16Linear's, Float32Linear's or IntLinear's buffers).
 struct Projection {
-    torch::Tensor packed;  // bfloat16 [vectors, K / 2, 32], or undefined
+    torch::Tensor packed;  // the model's dtype, [vectors, K / 2, 32], or undefined
     tailrace::IntWeights codes;
     std::vector<torch::Tensor> keep;  // the IntLinear's buffers `codes` points into
     torch::Tensor bias;    // float32, padded to whole vectors, or undefined
@@ -42,9 +44,15 @@ struct Layer {
 
 using Buffers = std::vector<c10::optional<torch::Tensor>>;
 
-const BF16* bf16(const torch::Tensor& t) { return t.data_ptr<BF16>(); }
+template <typename Scalar>
+Scalar* data(const torch::Tensor& t) { return t.data_ptr<Scalar>(); }
 
+// Scalar: c10::BFloat16 or float, the model's dtype (activations, norms, pages, packed weights).
+template <typename Scalar>
 class DecoderForward {
+    static constexpr c10::ScalarType kType = c10::CppTypeToScalarType<Scalar>::value;
+    static constexpr const char* kName = std::is_same_v<Scalar, float> ? "float32" : "bfloat16";
+
 public:
     DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
@@ -77,8 +85,8 @@ public:
     // llama.Rotary builds them); the final norm's weight.
     void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& final_norm) {
-        TORCH_CHECK(embedding.scalar_type() == torch::kBFloat16 && embedding.is_contiguous(),
-                    "the embedding must be contiguous bfloat16");
+        TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
+                    "the embedding must be contiguous ", kName);
         if (packed)
             check_packed(embedding, hidden_, vocab);
         else
@@ -115,13 +123,13 @@ public:
         const int64_t* slot = slot_mapping.data_ptr<int64_t>();
         for (int64_t t = 0; t < T; ++t)
             TORCH_CHECK(0 <= slot[t] && slot[t] < slots, "slot_mapping holds a slot outside the pages");
-        const torch::TensorOptions bf16_rows = k_pages.options();
-        auto rows = [&](int64_t width) { return torch::empty({T, width}, bf16_rows); };
+        const torch::TensorOptions row_options = k_pages.options();
+        auto rows = [&](int64_t width) { return torch::empty({T, width}, row_options); };
         const torch::Tensor cos = torch::empty({T, dim_}, cos_.options()), sin = torch::empty({T, dim_}, sin_.options());
         torch::Tensor h = rows(hidden_);
         gather(ids, positions, h, cos, sin);
         const int64_t qk_width = (heads_ + kv_heads_) * dim_;
-        Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), k_pages.data_ptr<BF16>(), v_pages.data_ptr<BF16>(),
+        Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), data<Scalar>(k_pages), data<Scalar>(v_pages),
                   k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), slot, block_tables.data_ptr<int32_t>(),
                   block_tables.stride(0), block_tables.stride(1),
                   block_size, static_cast<float>(scale),
@@ -135,8 +143,8 @@ public:
             attend(layers_[l], step);
             feed_forward(layers_[l], step);
         }
-        torch::Tensor out = torch::empty({step.T, hidden_}, bf16_rows);
-        norm(final_norm_, step, out.data_ptr<BF16>());
+        torch::Tensor out = torch::empty({step.T, hidden_}, row_options);
+        norm(final_norm_, step, data<Scalar>(out));
         return out;
     }
 
@@ -145,7 +153,7 @@ private:
     struct Step {
         int64_t T;
         const float *cos, *sin;
-        BF16 *k_pages, *v_pages;
+        Scalar *k_pages, *v_pages;
         int64_t layer_stride, slot_stride, head_stride;  // the pages' (k and v alike)
         const int64_t* slot;  // [T]
         const int32_t* tables;
@@ -153,17 +161,17 @@ private:
         float scale;
         tailrace::QueryRows rows;
         torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
-        BF16 *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
+        Scalar *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
         bool y_pending = false;  // y holds a projection's rows not yet added into h
     };
 
     // out = the RMSNorm of h's rows, h first taking a pending y (its residual add, in the same pass)
-    void norm(const torch::Tensor& weight, Step& s, BF16* out) const {
-        BF16* h = s.h.data_ptr<BF16>();
+    void norm(const torch::Tensor& weight, Step& s, Scalar* out) const {
+        Scalar* h = data<Scalar>(s.h);
         if (s.y_pending)
-            tailrace::add_rms_norm_rows(h, bf16(s.y), bf16(weight), out, s.T, hidden_, eps_);
+            tailrace::add_rms_norm_rows(h, data<Scalar>(s.y), data<Scalar>(weight), out, s.T, hidden_, eps_);
         else
-            tailrace::rms_norm_rows(h, bf16(weight), out, s.T, hidden_, hidden_, eps_);
+            tailrace::rms_norm_rows(h, data<Scalar>(weight), out, s.T, hidden_, hidden_, eps_);
         s.y_pending = false;
     }
 
@@ -179,15 +187,23 @@ private:
             TORCH_CHECK(0 <= id[t] && id[t] < vocab_, "token id ", id[t], " is outside the vocabulary of ", vocab_);
             TORCH_CHECK(0 <= position[t] && position[t] < table_rows, "position ", position[t],
                         " is past the rotary tables' ", table_rows);
-            BF16* row = h.data_ptr<BF16>() + t * hidden_;
-            if (packed_embedding_) {
+            Scalar* row = data<Scalar>(h) + t * hidden_;
+            const int64_t lane = id[t] % kLanes;
+            if (packed_embedding_ && std::is_same_v<Scalar, float>) {
+                // lane id % 16 of vector id / 16: pair kp's two values 16 lanes apart
+                const Scalar* vector = data<Scalar>(embedding_) + id[t] / kLanes * pairs * 2 * kLanes;
+                for (int64_t kp = 0; kp < pairs; ++kp) {
+                    row[2 * kp] = vector[kp * 2 * kLanes + lane];
+                    row[2 * kp + 1] = vector[kp * 2 * kLanes + kLanes + lane];
+                }
+            } else if (packed_embedding_) {
                 // a pair of bfloat16 at a time: lane id % 16's pair kp of vector id / 16
-                const auto* vector = reinterpret_cast<const uint32_t*>(bf16(embedding_)) + id[t] / kLanes * pairs * kLanes;
+                const auto* vector = reinterpret_cast<const uint32_t*>(data<Scalar>(embedding_)) + id[t] / kLanes * pairs * kLanes;
                 auto* out = reinterpret_cast<uint32_t*>(row);
                 for (int64_t kp = 0; kp < pairs; ++kp)
-                    out[kp] = vector[kp * kLanes + id[t] % kLanes];
+                    out[kp] = vector[kp * kLanes + lane];
             } else {
-                std::memcpy(row, bf16(embedding_) + id[t] * hidden_, hidden_ * sizeof(BF16));
+                std::memcpy(row, data<Scalar>(embedding_) + id[t] * hidden_, hidden_ * sizeof(Scalar));
             }
             std::memcpy(cos.data_ptr<float>() + t * dim_, cos_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
             std::memcpy(sin.data_ptr<float>() + t * dim_, sin_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
@@ -198,32 +214,32 @@ private:
     // pending y; the step's K/V stored into layer l's pages, head by head
     void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
-        norm(w.input_norm, s, s.x.data_ptr<BF16>());
+        norm(w.input_norm, s, data<Scalar>(s.x));
         linear(w.qkv, s.x, s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
-        const BF16* qk = bf16(s.qkv);
+        const Scalar* qk = data<Scalar>(s.qkv);
         int64_t qk_stride = qkv_width();
         if (w.q_norm.defined()) {
             for (int64_t t = 0; t < T; ++t) {
-                BF16* normed = s.qk.data_ptr<BF16>() + t * qk_heads * dim_;
-                const BF16* row = bf16(s.qkv) + t * qkv_width();
-                tailrace::rms_norm_rows(row, bf16(w.q_norm), normed, heads_, dim_, dim_, eps_);
-                tailrace::rms_norm_rows(row + heads_ * dim_, bf16(w.k_norm), normed + heads_ * dim_, kv_heads_, dim_,
+                Scalar* normed = data<Scalar>(s.qk) + t * qk_heads * dim_;
+                const Scalar* row = data<Scalar>(s.qkv) + t * qkv_width();
+                tailrace::rms_norm_rows(row, data<Scalar>(w.q_norm), normed, heads_, dim_, dim_, eps_);
+                tailrace::rms_norm_rows(row + heads_ * dim_, data<Scalar>(w.k_norm), normed + heads_ * dim_, kv_heads_, dim_,
                                         dim_, eps_);
             }
-            qk = bf16(s.qk);
+            qk = data<Scalar>(s.qk);
             qk_stride = qk_heads * dim_;
         }
-        tailrace::rotary_rows(qk, qk_stride, s.cos, s.sin, s.rotated.data_ptr<BF16>(), T, qk_heads, dim_);
-        BF16* k_layer = s.k_pages + l * s.layer_stride;
-        BF16* v_layer = s.v_pages + l * s.layer_stride;
+        tailrace::rotary_rows(qk, qk_stride, s.cos, s.sin, data<Scalar>(s.rotated), T, qk_heads, dim_);
+        Scalar* k_layer = s.k_pages + l * s.layer_stride;
+        Scalar* v_layer = s.v_pages + l * s.layer_stride;
         for (int64_t t = 0; t < T; ++t)
             for (int64_t head = 0; head < kv_heads_; ++head) {
                 const int64_t at = s.slot[t] * s.slot_stride + head * s.head_stride;
-                const BF16* k = bf16(s.rotated) + (t * qk_heads + heads_ + head) * dim_;
-                const BF16* v = bf16(s.qkv) + t * qkv_width() + (qk_heads + head) * dim_;
-                std::memcpy(k_layer + at, k, dim_ * sizeof(BF16));
-                std::memcpy(v_layer + at, v, dim_ * sizeof(BF16));
+                const Scalar* k = data<Scalar>(s.rotated) + (t * qk_heads + heads_ + head) * dim_;
+                const Scalar* v = data<Scalar>(s.qkv) + t * qkv_width() + (qk_heads + head) * dim_;
+                std::memcpy(k_layer + at, k, dim_ * sizeof(Scalar));
+                std::memcpy(v_layer + at, v, dim_ * sizeof(Scalar));
             }
         s.k_layer = k_layer;
         s.v_layer = v_layer;
@@ -231,8 +247,8 @@ private:
 
     // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer, pending
     void attend(const Layer& w, Step& s) const {
-        const tailrace::PagedAttention<BF16> problem{
-            bf16(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, s.attended.data_ptr<BF16>(), s.tables,
+        const tailrace::PagedAttention<Scalar> problem{
+            data<Scalar>(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, data<Scalar>(s.attended), s.tables,
             s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale, s.slot_stride,
             s.head_stride};
         tailrace::paged_attention(problem, s.rows);
@@ -260,21 +276,24 @@ private:
 
     // y = down_proj(silu(gate) * up of gate_up_proj(norm(h))), h first taking attend's y; pending
     void feed_forward(const Layer& w, Step& s) const {
-        norm(w.post_norm, s, s.x.data_ptr<BF16>());
+        norm(w.post_norm, s, data<Scalar>(s.x));
         linear(w.gate_up, s.x, s.gate_up);
-        tailrace::silu_mul_rows(bf16(s.gate_up), s.act.data_ptr<BF16>(), s.T, intermediate_);
+        tailrace::silu_mul_rows(data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
         linear(w.down, s.act, s.y);
         s.y_pending = true;
     }
 
     // y [T, n] = x [T, K] through the projection's kernel
     static void linear(const Projection& p, const torch::Tensor& x, torch::Tensor& y) {
-        if (p.packed.defined())
-            tailrace::bf16_linear(bf16(x), bf16(p.packed), p.packed.size(0),
-                                  p.bias.defined() ? p.bias.data_ptr<float>() : nullptr, y.data_ptr<BF16>(), x.size(0),
-                                  x.size(1), y.size(1));
+        const float* bias = p.bias.defined() ? p.bias.data_ptr<float>() : nullptr;
+        if constexpr (std::is_same_v<Scalar, float>)
+            tailrace::f32_linear(data<float>(x), data<float>(p.packed), p.packed.size(0), bias, data<float>(y),
+                                 x.size(0), x.size(1), y.size(1));
+        else if (p.packed.defined())
+            tailrace::bf16_linear(data<Scalar>(x), data<Scalar>(p.packed), p.packed.size(0), bias, data<Scalar>(y),
+                                  x.size(0), x.size(1), y.size(1));
         else
-            tailrace::int_linear(bf16(x), x.size(0), x.size(1), p.codes, y.data_ptr<BF16>());
+            tailrace::int_linear(data<Scalar>(x), x.size(0), x.size(1), p.codes, data<Scalar>(y));
     }
 
     static torch::Tensor defined(const c10::optional<torch::Tensor>& t) { return t.value_or(torch::Tensor()); }
@@ -288,6 +307,7 @@ private:
                         "a bias must be float32, padded to whole vectors");
             return {packed, {}, {}, bias};
         }
+        TORCH_CHECK((!std::is_same_v<Scalar, float>), "a float32 projection is [packed, bias]");
         TORCH_CHECK(buffers.size() == 4 && buffers[0] && buffers[1],
                     "a projection is [packed, bias] or [codes, scales, zeros, bias]");
         const torch::Tensor codes = *buffers[0], scales = *buffers[1], zeros = defined(buffers[2]);
@@ -298,14 +318,14 @@ private:
     }
 
     static void check_norm(const torch::Tensor& weight, int64_t width) {
-        TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && weight.is_contiguous() && weight.numel() == width,
-                    "a norm weight must be bfloat16 [", width, "]");
+        TORCH_CHECK(weight.scalar_type() == kType && weight.is_contiguous() && weight.numel() == width,
+                    "a norm weight must be ", kName, " [", width, "]");
     }
 
     static void check_packed(const torch::Tensor& packed, int64_t in, int64_t out) {
-        TORCH_CHECK(packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() && packed.dim() == 3 &&
+        TORCH_CHECK(packed.scalar_type() == kType && packed.is_contiguous() && packed.dim() == 3 &&
                     packed.size(0) == (out + kLanes - 1) / kLanes && packed.size(1) == in / 2 &&
-                    packed.size(2) == 2 * kLanes, "packed weights must be bfloat16 [", (out + kLanes - 1) / kLanes,
+                    packed.size(2) == 2 * kLanes, "packed weights must be ", kName, " [", (out + kLanes - 1) / kLanes,
                     ", ", in / 2, ", 32]");
     }
 
@@ -328,12 +348,12 @@ private:
         TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous() && positions.numel() == T,
                     "positions must be contiguous int64 [T]");
         for (const torch::Tensor* pages : {&k_pages, &v_pages})
-            TORCH_CHECK(pages->scalar_type() == torch::kBFloat16 && pages->dim() == 4 && pages->stride(3) == 1 &&
+            TORCH_CHECK(pages->scalar_type() == kType && pages->dim() == 4 && pages->stride(3) == 1 &&
                         pages->size(0) >= static_cast<int64_t>(layers_.size()) && pages->size(2) == kv_heads_ &&
                         pages->size(3) == dim_ && pages->sizes() == k_pages.sizes() &&
                         pages->strides() == k_pages.strides(),
-                        "pages must be bfloat16 [layers, slots, kv heads, head_dim], head_dim contiguous, K and V "
-                        "alike");
+                        "pages must be ", kName, " [layers, slots, kv heads, head_dim], head_dim contiguous, K and "
+                        "V alike");
         TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
                     slot_mapping.numel() == T, "slot_mapping must be int64 [T]");
         TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
@@ -348,18 +368,27 @@ private:
     bool packed_embedding_ = false;
 };
 
+template <typename Scalar>
+void register_forward(pybind11::module& m, const char* name, const char* doc) {
+    namespace py = pybind11;
+    using Forward = DecoderForward<Scalar>;
+    py::class_<Forward>(m, name, doc)
+        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
+             py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+        .def("add_layer", &Forward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
+             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"))
+        .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
+             py::arg("cos"), py::arg("sin"), py::arg("final_norm"))
+        .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),
+             "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
+             "into the pages");
+}
+
 }  // namespace
 
 void register_decoder(pybind11::module& m) {
-    namespace py = pybind11;
-    py::class_<DecoderForward>(m, "DecoderForward", "a bfloat16 Llama-family forward, token ids to the final norm, in one call")
-        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
-             py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-        .def("add_layer", &DecoderForward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"))
-        .def("set_outer", &DecoderForward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
-             py::arg("cos"), py::arg("sin"), py::arg("final_norm"))
-        .def("forward", &DecoderForward::forward, py::call_guard<py::gil_scoped_release>(),
-             "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
-             "into the pages"); 
+    register_forward<c10::BFloat16>(m, "DecoderForward",
+                                    "a bfloat16 Llama-family forward, token ids to the final norm, in one call");
+    register_forward<float>(m, "DecoderForwardFloat32",
+                            "a float32 Llama-family forward, token ids to the final norm, in one call");
 }

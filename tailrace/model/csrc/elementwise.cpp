@@ -132,14 +132,15 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
     });
 }
 
-// decoder.cpp calls them from its own translation unit.
-template void rms_norm_rows(const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t, int64_t,
-                            float);
-template void rotary_rows(const c10::BFloat16*, int64_t, const float*, const float*, c10::BFloat16*, int64_t,
-                          int64_t, int64_t);
-template void silu_mul_rows(const c10::BFloat16*, c10::BFloat16*, int64_t, int64_t);
-template void add_rms_norm_rows(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*, int64_t,
-                                int64_t, float);
+// decoder.cpp calls them from its own translation unit, at either dtype.
+#define TAILRACE_ELEMENTWISE(T)                                                                              \
+    template void rms_norm_rows(const T*, const T*, T*, int64_t, int64_t, int64_t, float);                   \
+    template void rotary_rows(const T*, int64_t, const float*, const float*, T*, int64_t, int64_t, int64_t); \
+    template void silu_mul_rows(const T*, T*, int64_t, int64_t);                                            \
+    template void add_rms_norm_rows(T*, const T*, const T*, T*, int64_t, int64_t, float);
+TAILRACE_ELEMENTWISE(c10::BFloat16)
+TAILRACE_ELEMENTWISE(float)
+#undef TAILRACE_ELEMENTWISE
 
 }  // namespace tailrace
 

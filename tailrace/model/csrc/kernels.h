@@ -17,6 +17,10 @@ namespace tailrace {
 // bias float32 [vectors * 16] or nullptr.
 void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                  c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
+// bf16_linear.cpp: the same for float32 x and W, W packed as [vectors][k / 2][2][16] (a pair's two
+// values 16 lanes apart).
+void f32_linear(const float* x, const float* packed, int64_t vectors, const float* bias, float* y, int64_t rows,
+                int64_t k, int64_t n);
 // bf16_linear.cpp: whether bfloat16 pairs are summed by AVX512-BF16's vdpbf16ps (else by two FMAs
 // a pair, the same sums): the CPU has it, and TAILRACE_CPU_BF16_DOT=0 does not ask for the FMAs.
 bool native_bf16_dot();
