@@ -6,7 +6,7 @@ Starts `tailrace serve` on the shape (dummy weights, or the directory's own with
 auto), then takes --rounds rounds, each of:
 
   the bound: `decode_step.matmul_bound`, the prefill's projections as bare matmuls (the fastest of
-  MKL and oneDNN, float32 included) plus the head for one row, for the served prompt's token
+  MKL, oneDNN and tailrace's own kernel, float32 included) plus the head for one row, for the served prompt's token
   count, on --threads threads, measured in this process while the server is idle;
   the requests: --requests streamed chat requests one after another (c=1), each prompt new (no
   prefix-cache hit), --output-len tokens each.
