@@ -1,13 +1,14 @@
-"""Projections on the CPU through oneDNN, with each weight reordered once into its blocked layout.
+"""Projections on the CPU packed once at load: through tailrace's kernel where it runs (AVX512:
+bf16_linear.py, bfloat16 and float32), else through oneDNN, each weight reordered once into its
+blocked layout (`PackedLinear`).
 
 F.linear sends float32 to MKL's sgemm. On an AVX2 AMD EPYC (Zen 3) a decode step of a
 SmolLM2-135M-shaped model spent 84% of its time there, and oneDNN's JIT kernels over weights
 packed at load measured faster at every batch size: 30 layers plus the 49k-vocabulary head,
 cold weights, 1 thread, 38.6 vs 42.1 ms at 1 row, 66.8 vs 102.9 ms at 8 rows and 170 vs 198 ms
-at 32 rows (bench/RESULTS.md). The packed weight replaces the plain one, so the model holds one
-copy. A tied model's head is the exception: oneDNN's blocked layout cannot serve the embedding's
-row lookups, so where tailrace's kernels run, the head goes through them (bf16_linear.py
-Float32Linear) and the lookups read its table.
+at 32 rows (bench/RESULTS.md). On AVX512, tailrace's float32 tiles measured 0.49-0.98x oneDNN's
+time (twentieth session), and its layout lets a tied model's lookups read the packed head, which
+oneDNN's blocked one cannot. The packed weight replaces the plain one, so the model holds one copy.
 """
 
 from __future__ import annotations

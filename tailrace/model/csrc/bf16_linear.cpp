@@ -201,7 +201,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     const float* b = bias ? bias->data_ptr<float>() : nullptr;
     if (x.scalar_type() == torch::kFloat)
         tailrace::f32_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), packed.size(0), b, y.data_ptr<float>(),
-                   rows.size(0), K, n);
+                             rows.size(0), K, n);
     else
         tailrace::bf16_linear(rows.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), packed.size(0), b,
                               y.data_ptr<c10::BFloat16>(), rows.size(0), K, n);
