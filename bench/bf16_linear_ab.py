@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 import torch
 
 from tailrace.bench.shapes import SHAPES, Shape
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, available
+from tailrace.model.bf16_linear import available, kernel_linear
 from tailrace.model.cpu_linear import PackedLinear
 
 
@@ -44,7 +44,8 @@ def main() -> None:
     args = parser.parse_args()
     if not available():
         raise SystemExit("tailrace's kernel is not available here (no AVX512, or it did not build)")
-    dtype, ours = (torch.float32, Float32Linear) if args.dtype == "float32" else (torch.bfloat16, Bf16Linear)
+    dtype = getattr(torch, args.dtype)
+    ours = kernel_linear(dtype)
     shapes = projection_shapes(SHAPES[args.shape])
     torch.manual_seed(0)
     weights = [torch.randn(shape, dtype=dtype) * 0.02 for shape in shapes]

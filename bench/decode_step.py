@@ -195,8 +195,8 @@ def bound_matmuls(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> 
             candidates.append(lambda weight=weight, x=x: F.linear(x, weight))
             if packable(kind, torch.device("cpu")):
                 candidates.append(lambda packed=PackedLinear(weight, None), x=x: packed(x))
-            if kind in cpu_ops.DTYPES and bf16_linear.available() and bf16_linear.kernel_takes(weight):
-                own = bf16_linear.Bf16Linear if kind == torch.bfloat16 else bf16_linear.Float32Linear
+            own = bf16_linear.kernel_linear(kind)
+            if own is not None and bf16_linear.available() and bf16_linear.kernel_takes(weight):
                 candidates.append(lambda linear=own(weight, None), x=x: linear(x))
         best, fn = min(((_best_of(fn, repeats), fn) for fn in candidates), key=lambda pair: pair[0])
         parts.append((fn, count, best))

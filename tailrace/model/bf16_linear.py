@@ -1,16 +1,19 @@
-"""bfloat16 projections on AVX512 CPUs through tailrace's own kernel (csrc/bf16_linear.cpp): the
-bfloat16 dot product where the CPU has AVX512-BF16, two float32 FMAs a pair where it has not.
+"""bfloat16 and float32 projections on AVX512 CPUs through tailrace's own kernel
+(csrc/bf16_linear.cpp): for bfloat16 the dot product where the CPU has AVX512-BF16, two float32
+FMAs a pair where it has not; for float32 one FMA a value.
 
 The kernel streams the weights at the memory's rate for one decode row and keeps the property
 the engine's exactness needs: a row's bits depend neither on the other rows of the batch nor on
 the thread count (each output accumulates its K pairs in order, whatever the tiling).
 
-The same tiles run a tied float32 model's head (`Float32Linear`), so that its lookups read the
-head's packed table (`PackedEmbedding`) and the table is held once: oneDNN's packed layout, which
-the other float32 projections keep (cpu_linear.py), cannot be read row by row.
+A tied model's lookups read its packed head (`PackedEmbedding`), so the table is held once at
+either dtype: oneDNN's blocked layout, which float32 keeps on CPUs without AVX512 (cpu_linear.py),
+cannot be read row by row.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -60,11 +63,15 @@ def kernel_takes(weight: torch.Tensor) -> bool:
     return weight.shape[1] % 2 == 0
 
 
-class Bf16Linear(Module):
+class _KernelLinear(Module):
+    """A projection through the kernel, its weight packed once by the dtype's `_pack`."""
+
+    _pack: Callable[[torch.Tensor], torch.Tensor]
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features = weight.shape[0]
-        self.register_buffer("packed", pack(weight.detach()))
+        self.register_buffer("packed", self._pack(weight.detach()))
         # float32 and padded to whole vectors: the kernel adds it before rounding, 16 at a time
         self.register_buffer("bias", None if bias is None else padded(bias.detach().float(), self.packed.shape[0] * _LANES))
         self._linear = kernels().linear
@@ -73,18 +80,17 @@ class Bf16Linear(Module):
         return self._linear(x, self.packed, self.bias, self.out_features)
 
 
-class Float32Linear(Module):
-    """A float32 projection through the same kernel's FMA tiles."""
+class Bf16Linear(_KernelLinear):
+    _pack = staticmethod(pack)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features = weight.shape[0]
-        self.register_buffer("packed", pack_float32(weight.detach()))
-        self.register_buffer("bias", None if bias is None else padded(bias.detach().float(), self.packed.shape[0] * _LANES))
-        self._linear = kernels().linear
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, self.packed, self.bias, self.out_features)
+class Float32Linear(_KernelLinear):
+    _pack = staticmethod(pack_float32)
+
+
+def kernel_linear(dtype: torch.dtype) -> type[Bf16Linear] | type[Float32Linear] | None:
+    """The kernel's projection for weights and inputs of `dtype`, None for a dtype it does not take."""
+    return {torch.bfloat16: Bf16Linear, torch.float32: Float32Linear}.get(dtype)
 
 
 class PackedEmbedding(Module):

@@ -1,8 +1,8 @@
 """tailrace's own CPU kernels (csrc/), compiled once per environment and loaded on first use.
 
 - `linear`: bfloat16 projections over weights packed at load (AVX512-BF16, AMX tiles where
-  the CPU has them: bf16_amx.cpp, float32 FMAs where it has neither), and a tied float32 head,
-  see bf16_linear.py.
+  the CPU has them: bf16_amx.cpp, float32 FMAs where it has neither), and float32 ones on the same
+  tiles, see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
 - `int_linear`: int8 and int4 projections over integer codes and float16 scales (AVX512-VNNI),
   see int_linear.py.

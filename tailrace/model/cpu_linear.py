@@ -42,24 +42,21 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Every projection (and the tied LM head) packed once, in place: bfloat16 ones through
-    tailrace's kernel where the CPU has AVX512-BF16 (faster at every batch size measured,
-    bench/bf16_linear_ab.py), the rest as a oneDNN PackedLinear, but a tied float32 head through
-    the kernel's float32 tiles. A tied model's lookups then read the kernel's packed head, so its
-    table is not held twice."""
-    own = bf16_linear.available()
-    table = model.model.embed_tokens.weight if model.lm_head is None else None
+    """Every projection (and the tied LM head) packed once, in place: through tailrace's kernel
+    where it runs (faster than oneDNN over the benchmark shapes' projections at 1-128 rows, either
+    dtype, bench/bf16_linear_ab.py), the
+    rest as a oneDNN PackedLinear. A tied model's lookups then read the kernel's packed head, so
+    its table is not held twice."""
+    own = bf16_linear.kernel_linear(model.dtype) if bf16_linear.available() else None
+    tied = model.lm_head is None
 
     def make(weight: torch.Tensor, bias: torch.Tensor | None) -> Module:
-        if own and bf16_linear.kernel_takes(weight):
-            if model.dtype == torch.bfloat16:
-                return bf16_linear.Bf16Linear(weight, bias)
-            return bf16_linear.Float32Linear(weight, bias)
+        if own is not None and bf16_linear.kernel_takes(weight):
+            return own(weight, bias)
         return PackedLinear(weight, bias)
 
     replace_projections(model, make)
-    if (isinstance(model.lm_head, (bf16_linear.Bf16Linear, bf16_linear.Float32Linear)) and table is not None
-            and isinstance(model.model.embed_tokens, Embedding)):
+    if tied and own is not None and isinstance(model.lm_head, own) and isinstance(model.model.embed_tokens, Embedding):
         # The head's packed table serves the lookups too: one copy (SmolLM2-135M's: 57 MB in
         # bfloat16, 113 MB in float32; Llama 3.2 1B's: 525 MB / 1 GB) instead of two.
         model.model.embed_tokens = bf16_linear.PackedEmbedding(model.lm_head)

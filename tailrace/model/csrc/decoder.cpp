@@ -81,7 +81,7 @@ public:
 
     // The model's parts around the layers: the token embedding, a [vocab, hidden] table or, packed
     // (a tied head as bf16_linear packs it), [vocab / 16, hidden / 2, 32] with row n at lane n % 16
-    // of vector n / 16 in pairs; the rotary tables [positions, head_dim] (float32, as
+    // of vector n / 16 in pairs (bfloat16: a pair's values side by side; float32: 16 lanes apart); the rotary tables [positions, head_dim] (float32, as
     // llama.Rotary builds them); the final norm's weight.
     void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const torch::Tensor& cos,
                    const torch::Tensor& sin, const torch::Tensor& final_norm) {
@@ -189,19 +189,22 @@ private:
                         " is past the rotary tables' ", table_rows);
             Scalar* row = data<Scalar>(h) + t * hidden_;
             const int64_t lane = id[t] % kLanes;
-            if (packed_embedding_ && std::is_same_v<Scalar, float>) {
-                // lane id % 16 of vector id / 16: pair kp's two values 16 lanes apart
-                const Scalar* vector = data<Scalar>(embedding_) + id[t] / kLanes * pairs * 2 * kLanes;
-                for (int64_t kp = 0; kp < pairs; ++kp) {
-                    row[2 * kp] = vector[kp * 2 * kLanes + lane];
-                    row[2 * kp + 1] = vector[kp * 2 * kLanes + kLanes + lane];
+            if (packed_embedding_) {
+                if constexpr (std::is_same_v<Scalar, float>) {
+                    // lane id % 16 of vector id / 16: pair kp's two values 16 lanes apart
+                    const float* vector = data<float>(embedding_) + id[t] / kLanes * pairs * 2 * kLanes;
+                    for (int64_t kp = 0; kp < pairs; ++kp) {
+                        row[2 * kp] = vector[kp * 2 * kLanes + lane];
+                        row[2 * kp + 1] = vector[kp * 2 * kLanes + kLanes + lane];
+                    }
+                } else {
+                    // a pair of bfloat16 at a time: lane id % 16's pair kp of vector id / 16
+                    const auto* vector = reinterpret_cast<const uint32_t*>(data<Scalar>(embedding_)) +
+                                         id[t] / kLanes * pairs * kLanes;
+                    auto* out = reinterpret_cast<uint32_t*>(row);
+                    for (int64_t kp = 0; kp < pairs; ++kp)
+                        out[kp] = vector[kp * kLanes + lane];
                 }
-            } else if (packed_embedding_) {
-                // a pair of bfloat16 at a time: lane id % 16's pair kp of vector id / 16
-                const auto* vector = reinterpret_cast<const uint32_t*>(data<Scalar>(embedding_)) + id[t] / kLanes * pairs * kLanes;
-                auto* out = reinterpret_cast<uint32_t*>(row);
-                for (int64_t kp = 0; kp < pairs; ++kp)
-                    out[kp] = vector[kp * kLanes + lane];
             } else {
                 std::memcpy(row, data<Scalar>(embedding_) + id[t] * hidden_, hidden_ * sizeof(Scalar));
             }
