@@ -13,7 +13,7 @@ import torch
 
 from tailrace.model import cpu_ops
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.llama import RMSNorm, apply_rotary, silu_and_mul
+from tailrace.model.llama import RMSNorm, apply_rotary, gelu_tanh_and_mul, silu_and_mul
 from tailrace.model.loader import load_model
 
 from conftest import EMBEDDED
@@ -61,6 +61,17 @@ def test_silu_mul_is_the_eager_activation(dtype, tolerance):
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamps and the zeros
     assert_matches(kernels().silu_mul(gate_up), silu_and_mul(gate_up), tolerance)
     assert kernels().silu_mul(gate_up[:0]).shape == (0, 200)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_gelu_tanh_mul_is_the_eager_activation_within_rounding(dtype, tolerance):
+    """GELU's tanh approximation as g / (1 + e^-2u): not torch's tanh, so within a rounding of it
+    (bfloat16: the activation may round one ulp apart before the product)."""
+    gate_up = (torch.randn(3, 2 * 200) * 6).to(dtype)
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])
+    got, expected = kernels().gelu_tanh_mul(gate_up), gelu_tanh_and_mul(gate_up)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
 def test_subnormals_are_kept_by_the_integer_rounding_and_only_they_may_differ_natively(tmp_path):

@@ -31,15 +31,28 @@ STEPS = [
 ]
 
 
+# What sets each architecture apart, where it bites in STEPS (sequences of up to 41 tokens).
+FEATURES = {
+    "smollm3": {"no_rope_layers": [1, 0, 1]},
+    "gemma2": {"sliding_window": 12, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 2.0,
+               "hidden_activation": "gelu_pytorch_tanh"},
+    "gemma3_text": {"sliding_window": 17, "query_pre_attn_scalar": 64, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                    "hidden_activation": "gelu_pytorch_tanh"},
+    "mistral": {"sliding_window": 9},
+}
+
+
 def random_model(model_type: str, seed: int = 0, quantization: str | None = None, tied: bool = False,
                  huge_pages: bool = True, dtype: torch.dtype = torch.bfloat16) -> LlamaForCausalLM:
-    """A 3-layer model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms) with random
-    weights, its norms and biases away from 1 and 0, quantized and prepared as the engine does.
-    Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
+    """A 3-layer model of `model_type` (qwen2: q/k/v biases, qwen3: q/k norms, the others' FEATURES)
+    with random weights, its norms and biases away from 1 and 0, quantized and prepared as the
+    engine does. Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
     config = parse_model_config({
         "model_type": model_type, "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
         "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
+        **FEATURES.get(model_type, {}),
     })
     model = LlamaForCausalLM(config, dtype)
     g = torch.Generator().manual_seed(seed)
@@ -87,6 +100,11 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     pytest.param("llama", "int8", False, torch.bfloat16, marks=needs_int_kernel),
     pytest.param("qwen2", "int4", False, torch.bfloat16, marks=needs_int_kernel),
     pytest.param("llama", "int4", True, torch.bfloat16, marks=needs_int_kernel),
+    ("smollm3", None, False, torch.bfloat16), ("smollm3", None, True, torch.float32),
+    ("gemma2", None, True, torch.bfloat16), ("gemma2", None, True, torch.float32),
+    ("gemma3_text", None, True, torch.bfloat16), ("gemma3_text", None, False, torch.float32),
+    ("mistral", None, False, torch.float32),
+    pytest.param("gemma3_text", "int4", True, torch.bfloat16, marks=needs_int_kernel),
 ])
 def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied, dtype):
     model = random_model(model_type, quantization=quantization, tied=tied, dtype=dtype)

@@ -163,10 +163,11 @@ def test_corrupt_file_is_named(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     path = tmp_path / "other.gguf"
-    writer = gguf.GGUFWriter(str(path), "gemma2")
+    writer = gguf.GGUFWriter(str(path), "mamba")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma2'"):
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; supported: llama, qwen2, qwen3, "
+                                         "smollm3, gemma2, gemma3"):
         load_model_config(str(path))

@@ -6,8 +6,9 @@ import pytest
 import torch
 import transformers
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, plain_attention
 from tailrace.model.loader import load_model
+from tailrace.model.paged_attention import PagedKVCache
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -42,15 +43,29 @@ ARCHITECTURES = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),
+    # What a GGUF cannot say (tests/e2e/test_architectures.py serves the rest): NoPE layers other
+    # than every 4th, a query scale other than head_dim's, any sliding pattern, a window for every
+    # layer of a Mistral.
+    "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM,
+                dict(no_rope_layers=[0, 1], pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               dict(sliding_window=5, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                    final_logit_softcapping=3.0)),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(sliding_window=5, query_pre_attn_scalar=24, layer_types=["full_attention", "sliding_attention"])),
+    "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=6)),
 }
 
 
 def _randomize(model: torch.nn.Module) -> None:
-    """Default init leaves biases at 0 and norm scales at 1, which would hide loading mistakes."""
+    """Default init leaves biases at 0 and norm scales at 1 (Gemma's at 0: it scales by 1 + w),
+    which would hide loading mistakes."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
+                if model.config.model_type.startswith("gemma"):
+                    param.sub_(1.0)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
 
@@ -59,6 +74,7 @@ def _save_checkpoint(root, name: str):
     config_cls, model_cls, extra = ARCHITECTURES[name]
     torch.manual_seed(0)
     config = config_cls(**SMALL, **extra, initializer_range=0.1)
+    config._attn_implementation = "eager"  # Gemma 2's soft cap is eager's alone
     model = model_cls(config).float().eval()
     _randomize(model)
     path = root / name
@@ -73,12 +89,14 @@ def checkpoints(tmp_path_factory):
 
 
 class Runner:
-    """Drives the model the way the engine does: sequential block tables, one flat batch per step."""
+    """Drives the model the way the engine does: sequential block tables, one flat batch per step;
+    through the slab (KVCache) where the model's attention is plain, else over the pages."""
 
     def __init__(self, path) -> None:
         self.model, self.config = load_model(str(path), dtype="float32")
         c = self.config
-        self.cache = KVCache(
+        plain = all(plain_attention(layer.self_attn.how, c.head_dim) for layer in self.model.model.layers)
+        self.cache = (KVCache if plain else PagedKVCache)(
             c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.float32
         )
         self.next_block = 0
@@ -137,7 +155,7 @@ def test_prefill_then_decode_matches_transformers(checkpoints, name):
     torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3", "gemma2"])
 def test_chunked_prefill_matches_transformers(checkpoints, name):
     path, hf_model = checkpoints[name]
     expected = reference_logits(hf_model, PROMPT + CONTINUATION[:1])

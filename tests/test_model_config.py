@@ -75,14 +75,65 @@ def test_qwen3_uses_qk_norm_and_llama_does_not():
     assert not parse().qk_norm
 
 
-def test_mistral_sliding_window_caps_the_context():
+def test_mistral_sliding_window_is_every_layers_and_keeps_the_context():
     config = parse(architectures=["MistralForCausalLM"], sliding_window=128)
-    assert (config.sliding_window, config.max_position_embeddings) == (128, 128)
+    assert (config.layer_windows, config.max_position_embeddings) == ([128, 128], 512)
+
+
+def test_a_window_as_long_as_the_context_is_no_window():
+    assert parse(architectures=["MistralForCausalLM"], sliding_window=512).layer_windows == [None, None]
 
 
 def test_qwen_sliding_window_ignored_unless_enabled():
     config = parse(architectures=["Qwen2ForCausalLM"], sliding_window=128, use_sliding_window=False)
     assert (config.sliding_window, config.max_position_embeddings) == (None, 512)
+
+
+GEMMA = {"query_pre_attn_scalar": 144, "head_dim": 16, "sliding_window": 64}
+
+
+def test_gemma2_alternates_windows_from_the_first_layer_and_caps_scores_and_logits():
+    config = parse(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   hidden_activation="gelu_pytorch_tanh", num_hidden_layers=4, **GEMMA)
+    assert config.layer_windows == [64, None, 64, None]
+    assert (config.attention_softcap, config.final_logit_softcap) == (50.0, 30.0)
+    assert (config.hidden_act, config.norm_weight_offset, config.sandwich_norms) == ("gelu_tanh", 1.0, True)
+    assert config.attention_scale == 144**-0.5 and config.embedding_multiplier == 64**0.5
+    assert config.tie_word_embeddings  # Gemma's default
+
+
+def test_gemma3_old_config_sliding_pattern_and_local_rope_base():
+    config = parse(architectures=["Gemma3ForCausalLM"], num_hidden_layers=7, sliding_window_pattern=3,
+                   rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                   **GEMMA)
+    assert config.layer_windows == [64, 64, None, 64, 64, None, 64]
+    assert config.layer_rope == ["local", "local", "global", "local", "local", "global", "local"]
+    assert (config.rope_theta, config.local_rope_theta) == (1e6, 1e4)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert config.qk_norm and config.attention_softcap is None
+
+
+def test_gemma3_transformers5_config_has_rope_parameters_per_layer_type():
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    config = parse(model_type="gemma3_text", architectures=None, rope_parameters=rope,
+                   layer_types=["full_attention", "sliding_attention"], **GEMMA)
+    assert config.architecture == "Gemma3ForCausalLM"
+    assert (config.layer_rope, config.layer_windows) == (["global", "local"], [None, 64])
+    assert (config.rope_theta, config.rope_scaling, config.local_rope_theta) == (1e6, None, 1e4)
+
+
+def test_smollm3_layers_without_rope_from_the_list_or_the_interval():
+    assert parse(architectures=["SmolLM3ForCausalLM"], no_rope_layers=[0, 1]).layer_rope == [None, "global"]
+    config = parse(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8, no_rope_layer_interval=4,
+                   sliding_window=128)
+    assert config.layer_rope == ["global"] * 3 + [None] + ["global"] * 3 + [None]
+    assert config.sliding_window is None  # SmolLM3's window applies only with use_sliding_window
+
+
+def test_layer_types_of_the_wrong_length_are_refused():
+    with pytest.raises(ValueError, match="layer_types"):
+        parse(architectures=["Gemma3ForCausalLM"], layer_types=["sliding_attention"], **GEMMA)
 
 
 def test_single_eos_id_becomes_a_list():
@@ -94,8 +145,8 @@ def test_dtype_is_read_from_either_key():
     assert parse(torch_dtype="float16").torch_dtype == "float16"
 
 
-def test_non_silu_activation_is_rejected():
-    with pytest.raises(ValueError, match="gelu"):
+def test_an_unknown_activation_is_rejected_naming_the_supported():
+    with pytest.raises(ValueError, match="'gelu'.*gelu_pytorch_tanh"):
         parse(hidden_act="gelu")
 
 

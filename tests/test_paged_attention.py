@@ -12,12 +12,17 @@ import torch
 
 from tailrace.model import paged_attention, triton_attention
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, new_pages
+from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages
 from tailrace.model.paged_attention import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KV_HEADS, HEAD_DIM = 2, 32
 SCALE = HEAD_DIM**-0.5
+PLAIN = LayerAttention(SCALE)
+# Sliding windows narrower and wider than a run of 16 positions, not aligned to one, another
+# scale, and a soft cap that bites (the scores are about 1 apart).
+WINDOWED = [LayerAttention(SCALE, window=5), LayerAttention(0.3, window=21, softcap=1.5),
+            LayerAttention(SCALE, softcap=0.8), LayerAttention(SCALE, window=1)]
 
 # (past, q_len) per sequence: decode rows, prefills from zero, chunks after cached tokens that
 # cross block boundaries, contexts over one kernel tile of keys, and a padding slot (no rows, no
@@ -51,8 +56,9 @@ def random_inputs(specs: list[tuple[int, int]], group: int, num_rows: int, seed:
     return q, k_pages, v_pages
 
 
-def naive_attention(q, k_pages, v_pages, specs, meta) -> torch.Tensor:
-    """Row by row, each query's softmax over exactly the keys it may see: no mask, no SDPA."""
+def naive_attention(q, k_pages, v_pages, specs, meta, how: LayerAttention = PLAIN) -> torch.Tensor:
+    """Row by row, each query's softmax over exactly the keys it may see (its last how.window
+    positions where set): no mask, no SDPA."""
     group, bs = q.shape[1] // k_pages.shape[1], meta.block_size
     out, row = torch.zeros_like(q), 0
     for seq, (past, q_len) in enumerate(specs):
@@ -60,8 +66,11 @@ def naive_attention(q, k_pages, v_pages, specs, meta) -> torch.Tensor:
         rows = [table[p // bs] * bs + p % bs for p in range(past + q_len)]
         keys, values = k_pages[rows].repeat_interleave(group, 1), v_pages[rows].repeat_interleave(group, 1)
         for seen in range(past + 1, past + q_len + 1):
-            weights = (torch.einsum("hd,shd->hs", q[row], keys[:seen]) * SCALE).softmax(-1)
-            out[row] = torch.einsum("hs,shd->hd", weights, values[:seen])
+            first = 0 if how.window is None else max(0, seen - how.window)
+            scores = torch.einsum("hd,shd->hs", q[row], keys[first:seen]) * how.scale
+            if how.softcap is not None:
+                scores = (scores / how.softcap).tanh() * how.softcap
+            out[row] = torch.einsum("hs,shd->hd", scores.softmax(-1), values[first:seen])
             row += 1
     return out
 
@@ -71,8 +80,17 @@ def naive_attention(q, k_pages, v_pages, specs, meta) -> torch.Tensor:
 def test_reference_matches_naive_attention_on_a_mixed_batch(group, block_size):
     meta = make_meta(MIXED, block_size, NUM_BLOCKS, seed=group)
     q, k_pages, v_pages = random_inputs(MIXED, group, NUM_BLOCKS * block_size, seed=block_size)
-    out = paged_attention_reference(q, k_pages, v_pages, meta, SCALE)
+    out = paged_attention_reference(q, k_pages, v_pages, meta, PLAIN)
     torch.testing.assert_close(out, naive_attention(q, k_pages, v_pages, MIXED, meta))
+
+
+@pytest.mark.parametrize("how", WINDOWED)
+def test_reference_takes_windows_scales_and_soft_caps(how):
+    meta = make_meta(MIXED, 16, NUM_BLOCKS, seed=3)
+    q, k_pages, v_pages = random_inputs(MIXED, 2, NUM_BLOCKS * 16, seed=4)
+    out = paged_attention_reference(q, k_pages, v_pages, meta, how)
+    torch.testing.assert_close(out, naive_attention(q, k_pages, v_pages, MIXED, meta, how))
+    assert not torch.allclose(out, naive_attention(q, k_pages, v_pages, MIXED, meta))
 
 
 needs_kernels = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernels do not run here")
@@ -95,6 +113,24 @@ def test_cpu_kernel_matches_naive_attention_on_a_mixed_batch(group, block_size, 
     expected = naive_attention(q, k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta)
     torch.testing.assert_close(out[: q.shape[0]].float(), expected, atol=tolerance, rtol=tolerance)
     assert not out[q.shape[0]:].any()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("how", WINDOWED)
+def test_cpu_kernel_takes_windows_scales_and_soft_caps(how, block_size, dtype, tolerance):
+    """A window's first position anywhere in a run of 16 (the runs before it skipped, the positions
+    before it in its run masked out)."""
+    blocks = NUM_BLOCKS * 32 // block_size
+    meta = make_meta(MIXED, block_size, blocks, seed=5)
+    q, k_pages, v_pages = random_inputs(MIXED, 3, blocks * block_size, seed=6)
+    out = kernels().paged_attention(q.to(dtype), k_pages.to(dtype), v_pages.to(dtype), meta.query_start_loc,
+                                    meta.seq_lens, meta.block_tables, block_size, meta.num_seqs, how.scale,
+                                    how.window or 0, how.softcap or 0.0)
+    expected = naive_attention(q.to(dtype).float(), k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta,
+                               how)
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 @needs_kernels
@@ -321,7 +357,7 @@ def test_triton_kernel_matches_reference_and_leaves_other_rows_alone(group, dtyp
     padded_q = torch.cat([q, torch.randn_like(q[:3])])
     out = torch.full_like(padded_q, 7.0)
     triton_attention.paged_attention_triton(padded_q, k_pages, v_pages, on_device(meta, 32), out, SCALE)
-    expected = paged_attention_reference(*(t.float().cpu() for t in (q, k_pages, v_pages)), meta, SCALE)
+    expected = paged_attention_reference(*(t.float().cpu() for t in (q, k_pages, v_pages)), meta, PLAIN)
     torch.testing.assert_close(out[: q.shape[0]].float().cpu(), expected, atol=tolerance, rtol=tolerance)
     assert (out[q.shape[0] :] == 7.0).all()
 

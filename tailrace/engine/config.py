@@ -79,12 +79,16 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     return device
 
 
-def resolve_attention(attention: str, device: str) -> str:
+def resolve_attention(attention: str, device: str, plain: bool = True) -> str:
     """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
     kernel on CPUs with AVX512 (model/cpu_kernels.py). Elsewhere on CPU it is the slot slab,
-    which measured faster there than PyTorch ops over the pages."""
+    which measured faster there than PyTorch ops over the pages, for a model whose attention is
+    `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
     if attention == "auto":
         from tailrace.model.cpu_kernels import kernels
 
-        return "paged" if device.startswith("cuda") or kernels() is not None else "slab"
+        return "paged" if device.startswith("cuda") or kernels() is not None or not plain else "slab"
+    if attention == "slab" and not plain:
+        raise ValueError("--attention slab attends every position at head_dim ** -0.5, and this model's attention "
+                         "uses sliding windows, another scale or a soft cap: use --attention paged (or auto)")
     return attention

@@ -29,7 +29,7 @@ from tailrace.engine.threads import ThreadTuner, available_cores, thread_candida
 from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import cpu_ops
-from tailrace.model.attention import KVCache
+from tailrace.model.attention import KVCache, plain_attention
 from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
@@ -87,7 +87,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             # Events, graphs and Triton launches use the current device (per thread): make it this one.
             torch.cuda.set_device(self.device.index or 0)
-        self.attention = resolve_attention(config.attention, str(self.device))
         sized_by_gpu = (self.device.type == "cuda" and config.gpu_memory_utilization is not None
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
@@ -97,6 +96,8 @@ class ModelRunner:
             shard=None if tp is None else tp.shard,
         )
         cpu_ops.prepare(self.model, self.device, config.quantization)
+        plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim) for layer in self.model.model.layers)
+        self.attention = resolve_attention(config.attention, str(self.device), plain)
         if self.device.type == "cuda":
             _use_triton_ops(self.model)
         mc = self.model_config
@@ -115,8 +116,10 @@ class ModelRunner:
         cache_args = (mc.num_hidden_layers, kv_heads, mc.head_dim)
         if self.attention == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
+            # Triton's kernel attends plainly; the reference path over the pages takes any attention.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
-                                      max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+                                      max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                      use_triton=None if plain else False)
             scratch_block = self.num_blocks
         else:
             self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
@@ -126,7 +129,8 @@ class ModelRunner:
                                        scratch_block, self.device)
         self.graphs = None
         # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
-        if self.device.type == "cuda" and self.attention == "paged" and not config.enforce_eager and tp is None:
+        if (self.device.type == "cuda" and self.attention == "paged" and plain and not config.enforce_eager
+                and tp is None):
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)

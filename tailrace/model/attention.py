@@ -45,6 +45,16 @@ class SeqSlice:
     table_version: int | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerAttention:
+    """How one layer attends: its scale, and where set the positions a query sees back from itself
+    (a sliding window, the query's own included) and the scores' soft cap (cap * tanh(s / cap))."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+
+
 @dataclass(slots=True)
 class AttentionBatch:
     seqs: list[SeqSlice]
@@ -81,6 +91,11 @@ class _Step:
     slab_index: torch.Tensor  # [T * kvH]: row of each new token's heads in one layer's flat slab
     decode: _Decode | None
     prefills: list[_Prefill]
+
+
+def plain_attention(how: LayerAttention, head_dim: int) -> bool:
+    """Every position seen, at the usual scale, scores uncapped."""
+    return how.window is None and how.softcap is None and how.scale == head_dim**-0.5
 
 
 def new_pages(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -184,9 +199,13 @@ class KVCache:
 
     @torch.inference_mode()
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch,
+        how: LayerAttention | None = None,
     ) -> torch.Tensor:
-        """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence."""
+        """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence.
+        The slab attends at head_dim ** -0.5 over every position: `how` may ask for no more."""
+        if how is not None and not plain_attention(how, self.head_dim):
+            raise ValueError(f"the slab KV cache does not take {how}; the paged cache does")
         step = self._step
         if step is None or batch is not step.batch:
             raise RuntimeError("KVCache.begin(batch) must be called with this batch before the forward")

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tailrace.model.gguf import config_dict, open_gguf
 from tailrace.model.hub import is_gguf
 
+# Each architecture is described here once, as the features of one decoder (llama.py runs them in
+# Python, csrc/decoder.cpp in one call): what differs from Llama is read from the config by
+# parse_model_config.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 }
 
 # Configs built by hand (not saved from a model) name no architecture, only a model_type.
@@ -23,7 +29,15 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
+# Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
+# attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
+# query_pre_attn_scalar.
+_GEMMA = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear"}
 
@@ -48,7 +62,30 @@ class ModelConfig:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: list[int]
-    sliding_window: int | None
+    # Per layer: the positions a query sees back from itself (sliding-window layers), None for all.
+    layer_windows: list[int | None] = field(default_factory=list)
+    # Per layer: which rotary table rotates its q/k ("global": rope_theta with rope_scaling,
+    # "local": local_rope_theta unscaled), None for a layer without positions (SmolLM3's NoPE layers).
+    layer_rope: list[str | None] = field(default_factory=list)
+    local_rope_theta: float | None = None
+    hidden_act: str = "silu"  # or "gelu_tanh"
+    norm_weight_offset: float = 0.0  # a checkpoint's norm weights + this are the scales (Gemma: 1)
+    embedding_multiplier: float = 1.0  # the embedding rows times this, rounded to the dtype first
+    sandwich_norms: bool = False  # attention's and MLP's outputs normed before their residual adds
+    attention_scale: float = 0.0  # q.k times this; 0: head_dim ** -0.5
+    attention_softcap: float | None = None  # scores through cap * tanh(score / cap)
+    final_logit_softcap: float | None = None  # logits likewise
+
+    def __post_init__(self) -> None:
+        layers = self.num_hidden_layers
+        self.layer_windows = self.layer_windows or [None] * layers
+        self.layer_rope = self.layer_rope or ["global"] * layers
+        self.attention_scale = self.attention_scale or self.head_dim**-0.5
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The narrowest layer window, None when every layer sees all positions."""
+        return min((w for w in self.layer_windows if w is not None), default=None)
 
 
 def load_model_config(path: str) -> ModelConfig:
@@ -69,38 +106,50 @@ def load_model_config(path: str) -> ModelConfig:
 
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     architecture = _architecture(raw)
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}: only 'silu' is implemented")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(_ACTIVATIONS))}")
     if raw.get("mlp_bias", False):
         raise ValueError("unsupported mlp_bias=true")
-    num_heads = raw["num_attention_heads"]
-    rope_theta, rope_scaling = _rope(raw)
+    num_heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+    layer_types = _layer_types(raw, architecture)
+    rope_theta, rope_scaling, local_theta = _rope(raw)
+    gemma = architecture in _GEMMA
     max_positions = raw.get("max_position_embeddings", 2048)
-    sliding_window = _sliding_window(raw, architecture)
-    # Attention here is always full; capping the context at the window keeps it exact.
-    if sliding_window is not None and sliding_window < max_positions:
-        max_positions = sliding_window
+    window = raw.get("sliding_window")
+    if window is not None and window >= max_positions:  # it never bites
+        window = None
     return ModelConfig(
         architecture=architecture,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=raw["num_hidden_layers"],
+        num_hidden_layers=layers,
         num_attention_heads=num_heads,
         num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+        head_dim=head_dim,
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
         # Qwen2 always has q/k/v biases and its config has no flag for them.
         attention_bias=architecture == "Qwen2ForCausalLM" or raw.get("attention_bias", False),
-        qk_norm=architecture == "Qwen3ForCausalLM",
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_id_list(raw.get("eos_token_id")),
-        sliding_window=sliding_window,
+        layer_windows=[window if kind == "sliding_attention" else None for kind in layer_types],
+        layer_rope=_layer_rope(raw, architecture, layer_types, local_theta),
+        local_rope_theta=local_theta,
+        hidden_act=_ACTIVATIONS[act],
+        norm_weight_offset=1.0 if gemma else 0.0,
+        embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else 1.0,
+        sandwich_norms=gemma,
+        attention_scale=raw["query_pre_attn_scalar"] ** -0.5 if gemma else head_dim**-0.5,
+        attention_softcap=raw.get("attn_logit_softcapping") if gemma else None,
+        final_logit_softcap=raw.get("final_logit_softcapping") if gemma else None,
     )
 
 
@@ -115,34 +164,66 @@ def _architecture(raw: dict[str, Any]) -> str:
     return name
 
 
-def _rope(raw: dict[str, Any]) -> tuple[float, dict | None]:
-    """(theta, scaling) from either transformers 5's `rope_parameters` or the older
-    top-level `rope_theta` + `rope_scaling`."""
+def _rope(raw: dict[str, Any]) -> tuple[float, dict | None, float | None]:
+    """(theta, scaling, local theta) from transformers 5's `rope_parameters` (Gemma 3: one set per
+    layer type, the sliding layers' being the local one) or the older top-level `rope_theta` +
+    `rope_scaling` (+ Gemma 3's `rope_local_base_freq`). The local table is never scaled."""
     params = raw.get("rope_parameters")
+    local = raw.get("rope_local_base_freq")
+    if isinstance(params, dict) and "full_attention" in params:
+        local = params.get("sliding_attention", {}).get("rope_theta", local)
+        params = params["full_attention"]
     if isinstance(params, dict):
         theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     else:
         theta = raw.get("rope_theta", 10000.0)
         scaling = dict(raw.get("rope_scaling") or {})
+    local = None if local is None else float(local)
     if scaling.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("unsupported partial_rotary_factor != 1")
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     if rope_type == "default":
-        return float(theta), None
+        return float(theta), None, local
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))}"
         )
-    return float(theta), {"rope_type": rope_type, **scaling}
+    return float(theta), {"rope_type": rope_type, **scaling}, local
 
 
-def _sliding_window(raw: dict[str, Any], architecture: str) -> int | None:
-    # Qwen configs carry a window that only applies when use_sliding_window is set.
-    if architecture.startswith("Qwen") and not raw.get("use_sliding_window", False):
-        return None
-    return raw.get("sliding_window")
+def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:
+    """Each layer's "full_attention" or "sliding_attention": the config's `layer_types`, else the
+    architecture's pattern as older configs imply it."""
+    layers = raw["num_hidden_layers"]
+    if raw.get("layer_types"):
+        types = list(raw["layer_types"])
+        if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"layer_types must name full_attention or sliding_attention for each of {layers} layers")
+    elif architecture == "Gemma2ForCausalLM":
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    elif architecture == "Gemma3ForCausalLM":
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    else:
+        types = ["sliding_attention" if raw.get("sliding_window") else "full_attention"] * layers
+    # Qwen configs carry a window that only applies when use_sliding_window is set (SmolLM3 copies it).
+    if not raw.get("sliding_window") or (architecture.startswith(("Qwen", "SmolLM3"))
+                                         and not raw.get("use_sliding_window", False)):
+        types = ["full_attention"] * layers
+    return types
+
+
+def _layer_rope(raw: dict[str, Any], architecture: str, layer_types: list[str],
+                local_theta: float | None) -> list[str | None]:
+    if architecture == "SmolLM3ForCausalLM":
+        interval = raw.get("no_rope_layer_interval", 4)
+        uses = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(len(layer_types))]
+        return ["global" if use else None for use in uses]
+    if local_theta is not None:
+        return ["local" if kind == "sliding_attention" else "global" for kind in layer_types]
+    return ["global"] * len(layer_types)
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

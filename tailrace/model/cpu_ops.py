@@ -25,7 +25,7 @@ from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.huge_pages import Arena
 from tailrace.model.int_linear import IntLinear
-from tailrace.model.llama import (DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
+from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
                                   replace_elementwise)
 from tailrace.model.paged_attention import PagedKVCache
 
@@ -51,9 +51,13 @@ def usable(model: LlamaForCausalLM, device: torch.device) -> bool:
 
 
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Every RMSNorm, rotary embedding and SiLU-and-multiply of the model through the kernels, in place."""
+    """Every RMSNorm, rotary embedding and activation-and-multiply of the model through the kernels, in place."""
     ops = kernels()
-    return replace_elementwise(model, KernelRMSNorm, ops.rotary, ops.silu_mul)
+    return replace_elementwise(model, KernelRMSNorm, ops.rotary, _act_and_mul())
+
+
+def _act_and_mul() -> dict:
+    return {"silu": kernels().silu_mul, "gelu_tanh": kernels().gelu_tanh_mul}
 
 
 class FusedForward:
@@ -64,21 +68,30 @@ class FusedForward:
         config = model.config
         self.dtype = model.dtype
         forward = kernels().DecoderForward if model.dtype == torch.bfloat16 else kernels().DecoderForwardFloat32
-        self._forward = forward(config.hidden_size, config.num_attention_heads,
-                                                 config.num_key_value_heads, config.head_dim,
-                                                 config.intermediate_size, config.rms_norm_eps)
+        self._forward = forward(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                config.head_dim, config.intermediate_size, config.rms_norm_eps,
+                                gelu=config.hidden_act == "gelu_tanh", embedding_multiplier=config.embedding_multiplier,
+                                scale=config.attention_scale, softcap=config.attention_softcap or 0.0)
+        tables = [getattr(model.model, name) for name in ROTARY_MODULES.values() if hasattr(model.model, name)]
+        table_index = {kind: i for i, kind in enumerate(kind for kind, name in ROTARY_MODULES.items()
+                                                        if hasattr(model.model, name))}
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            sandwich = layer.pre_feedforward_layernorm is not None
             self._forward.add_layer(
                 input_norm=layer.input_layernorm.weight, qkv=_buffers(attn.qkv_proj),
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-                k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-                o=_buffers(attn.o_proj), post_norm=layer.post_attention_layernorm.weight,
-                gate_up=_buffers(mlp.gate_up_proj), down=_buffers(mlp.down_proj))
-        embed, rotary = model.model.embed_tokens, model.model.rotary
+                k_norm=None if attn.k_norm is None else attn.k_norm.weight, o=_buffers(attn.o_proj),
+                post_norm=(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm).weight,
+                gate_up=_buffers(mlp.gate_up_proj), down=_buffers(mlp.down_proj),
+                attn_out_norm=layer.post_attention_layernorm.weight if sandwich else None,
+                ffn_out_norm=layer.post_feedforward_layernorm.weight if sandwich else None,
+                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0)
+        embed = model.model.embed_tokens
         packed = isinstance(embed, PackedEmbedding)
         self._forward.set_outer(embedding=embed.packed if packed else embed.weight, vocab=config.vocab_size,
-                                packed=packed, cos=rotary.cos, sin=rotary.sin, final_norm=model.model.norm.weight)
+                                packed=packed, rotary=[t for table in tables for t in (table.cos, table.sin)],
+                                final_norm=model.model.norm.weight)
 
     def takes(self, cache: KVCache | PagedKVCache) -> bool:
         """Attention read from the pages by tailrace's kernel, at the model's dtype."""
@@ -90,8 +103,7 @@ class FusedForward:
         meta = cache.step_metadata(batch)
         wanted = None if rows is None else torch.tensor(rows, dtype=torch.long)
         return self._forward.forward(input_ids, positions, cache.k, cache.v, batch.slot_mapping, meta.query_start_loc,
-                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, cache.scale,
-                                     wanted)
+                                     meta.seq_lens, meta.block_tables, meta.block_size, meta.num_seqs, wanted)
 
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
@@ -125,9 +137,11 @@ def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...]) -> 
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if attn.q_norm is not None:
         norms += [attn.q_norm, attn.k_norm]
+    if layer.pre_feedforward_layernorm is not None:
+        norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
     return (all(type(p) in kinds for p in projections) and all(p.bias is None for p in projections[1:])
             and all(_kernel_norm(n, eps) for n in norms)
-            and attn.rotate is kernels().rotary and mlp.act_and_mul is kernels().silu_mul)
+            and attn.rotate is kernels().rotary and mlp.act_and_mul is _act_and_mul()[mlp.act])
 
 
 def gather_weights(model: LlamaForCausalLM) -> None:

@@ -20,7 +20,11 @@ from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
 # general.architecture -> the Hugging Face architecture it is.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
+# rope pairs adjacent dims there); the others' rope is the same as here.
+PERMUTED_ARCHITECTURES = ("llama", "smollm3")
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                      Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
@@ -41,6 +45,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma's sandwich norms: ffn_norm is the MLP's input norm, which Gemma calls pre_feedforward.
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _ROPE_FREQS = "rope_freqs.weight"
 _REQUIRED = object()
@@ -95,7 +106,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         raise ValueError("GGUF file has no token_embd.weight tensor")
     hidden, heads = value("embedding_length"), value("attention.head_count")
     eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
-    return {
+    return {**_architecture_config(arch, value), **{
         "architectures": [ARCHITECTURES[arch]],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
@@ -111,7 +122,40 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
         "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
+    }}
+
+
+def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
+    """What sets Gemma and SmolLM3 apart, as llama.cpp reads it from the metadata and its own
+    fixed rules (src/models/gemma2.cpp, gemma3.cpp, smollm3.cpp in its tree): the sliding-window
+    pattern (every 2nd layer from the first for Gemma 2, 5 of every 6 for Gemma 3, unless the file
+    names one), the local layers' rope base (Gemma 3: 10000), the query scale (head_dim's, but
+    hidden / heads on the 27B models), and SmolLM3's layers without rope (every 4th)."""
+    if arch == "smollm3":
+        return {"no_rope_layer_interval": 4}
+    if arch not in ("gemma2", "gemma3"):
+        return {}
+    layers, hidden, heads = value("block_count"), value("embedding_length"), value("attention.head_count")
+    head_dim = value("attention.key_length", hidden // heads)
+    largest = layers == (46 if arch == "gemma2" else 62)
+    window = value("attention.sliding_window", 4096 if arch == "gemma2" else 0)
+    pattern = value("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [i % pattern < pattern - 1 for i in range(layers)]
+    config = {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": hidden // heads if largest else head_dim,
+        "sliding_window": window or None,
+        "layer_types": ["sliding_attention" if s and window else "full_attention" for s in sliding],
+        "final_logit_softcapping": value("final_logit_softcapping", None),
     }
+    if arch == "gemma2":
+        config["attn_logit_softcapping"] = value("attn_logit_softcapping", None)
+    else:
+        config["rope_local_base_freq"] = value("rope.freq_base_swa", 10000.0)
+    return config
 
 
 def _rope_scaling(reader: GGUFReader, arch: str, rope_freqs: ReaderTensor | None) -> dict | None:
@@ -170,26 +214,25 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:
             continue  # read into the config's rope scaling
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, arch)
         values = dequantize(tensor)
-        # llama.cpp's converter interleaves the rotary halves of Llama's q and k rows (its rope
-        # pairs adjacent dims); Qwen's rope is the same as here, so only llama is undone.
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = unpermute_rotary(values, heads)
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = unpermute_rotary(values, kv_heads)
         yield name, values
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
+    names = _GEMMA_LAYER_NAMES if arch.startswith("gemma") else _LAYER_NAMES
     block, layer, part = (base.split(".", 2) + ["", ""])[:3]
-    if block != "blk" or not layer.isdigit() or part not in _LAYER_NAMES:
+    if block != "blk" or not layer.isdigit() or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rotary(values: torch.Tensor, heads: int) -> torch.Tensor:

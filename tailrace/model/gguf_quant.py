@@ -79,9 +79,10 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
 
 
 def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
-    """The head counts llama.cpp permuted q and k rows by: only for llama (see gguf.checkpoint_tensors)."""
+    """The head counts llama.cpp permuted q and k rows by, for the architectures it permutes (see
+    gguf.checkpoint_tensors)."""
     arch = gguf.architecture(reader)
-    if arch != "llama":
+    if arch not in gguf.PERMUTED_ARCHITECTURES:
         return {}
     heads = gguf.metadata(reader, f"{arch}.attention.head_count")
     return {"attn_q": heads, "attn_k": gguf.metadata(reader, f"{arch}.attention.head_count_kv", heads)}

@@ -1,4 +1,7 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over one flat batch of tokens.
+"""The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 2
+and 3) over one flat batch of tokens: a Llama decoder with the features config.py reads for each
+architecture (per-layer sliding windows and rotary tables, NoPE layers, GeGLU, Gemma's sandwich
+norms, embedding scale and soft caps).
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj` (one matmul each instead of three and two; the loader
@@ -14,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tailrace.model.attention import AttentionBatch, KVCache
+from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention
 from tailrace.model.config import ModelConfig
 
 
@@ -66,11 +69,13 @@ class RMSNorm(Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """Per-pair rotation frequencies [head_dim / 2], float32, with the configured scaling."""
+def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch.Tensor:
+    """Per-pair rotation frequencies [head_dim / 2], float32: the global table's with the configured
+    scaling, or the local one's (config.local_rope_theta, unscaled)."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling
+    theta = config.rope_theta if kind == "global" else config.local_rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling if kind == "global" else None
     if scaling is None:
         return inv_freq
     if scaling["rope_type"] == "linear":
@@ -95,10 +100,10 @@ class Rotary(Module):
     """cos/sin tables for every position up to max_position_embeddings, built once in float32,
     each as wide as a head: cos repeated for both halves, sin negated for the first half."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kind: str = "global") -> None:
         super().__init__()
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inverse_frequencies(config))
+        freqs = torch.outer(positions, rope_inverse_frequencies(config, kind))
         cos, sin = freqs.cos(), freqs.sin()
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
@@ -130,13 +135,14 @@ class Attention(Module):
         self.o_proj = Linear(q_size, config.hidden_size, False, dtype)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.rope = config.layer_rope[layer]  # which of the model's rotary tables, None for none
+        self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap)
         self.rotate = apply_rotary  # model/cpu_ops.py puts a one-call kernel here on CPU
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotations: dict[str, tuple[torch.Tensor, torch.Tensor]],
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
@@ -146,9 +152,11 @@ class Attention(Module):
         if self.q_norm is not None:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
-        # q and k heads rotate together: one set of elementwise ops instead of two
-        q, k = self.rotate(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
-        out = cache.attend(self.layer, q, k, v, batch)
+        if self.rope is not None:
+            # q and k heads rotate together: one set of elementwise ops instead of two
+            qk = self.rotate(qk, *rotations[self.rope])
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        out = cache.attend(self.layer, q, k, v, batch, self.how)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
 
@@ -157,35 +165,57 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+ACT_AND_MUL = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
 class MLP(Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
-        self.act_and_mul = silu_and_mul  # model/cpu_ops.py puts a one-call kernel here on CPU
+        self.act = config.hidden_act
+        self.act_and_mul = ACT_AND_MUL[self.act]  # model/cpu_ops.py puts a one-call kernel here on CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(Module):
+    """Llama's layer norms each block's input: post_attention_layernorm is the MLP's. With sandwich
+    norms (Gemma) post_attention_layernorm norms the attention's output, pre_feedforward_layernorm
+    the MLP's input and post_feedforward_layernorm its output."""
+
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        width, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(width, eps, dtype)
         self.self_attn = Attention(config, layer, dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(width, eps, dtype)
+        self.pre_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
+        self.post_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
         self.mlp = MLP(config, dtype)
 
     def forward(
         self,
         h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotations: dict[str, tuple[torch.Tensor, torch.Tensor]],
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(h), rotations, batch, cache)
+        if self.pre_feedforward_layernorm is None:
+            h = h + attended
+            return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.post_attention_layernorm(attended)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+ROTARY_MODULES = {"global": "rotary", "local": "rotary_local"}  # a table's kind -> LlamaModel's attribute
 
 
 class LlamaModel(nn.Module):
@@ -194,7 +224,12 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.rotary = Rotary(config)
+        # One module per rotary table a layer uses (attribute rotary / rotary_local).
+        for kind in sorted({kind for kind in config.layer_rope if kind is not None}):
+            setattr(self, "rotary" if kind == "global" else "rotary_local", Rotary(config, kind))
+        # The embedding rows' multiplier (Gemma's sqrt(hidden)), rounded to the dtype as the reference does.
+        self.embed_scale = None if config.embedding_multiplier == 1.0 else torch.tensor(config.embedding_multiplier,
+                                                                                        dtype=dtype)
         # model/cpu_ops.py puts the whole forward in one kernel call here on CPU (FusedForward), for
         # the steps whose cache it `takes`
         self.fused_forward = None
@@ -229,9 +264,12 @@ class LlamaForCausalLM(nn.Module):
         if fused is not None and fused.takes(cache):
             return fused(input_ids, positions, batch, cache, rows)
         h = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary(positions)
+        if self.model.embed_scale is not None:
+            h = h * self.model.embed_scale
+        rotations = {kind: getattr(self.model, name)(positions) for kind, name in ROTARY_MODULES.items()
+                     if hasattr(self.model, name)}
         for layer in self.model.layers:
-            h = layer(h, cos, sin, batch, cache)
+            h = layer(h, rotations, batch, cache)
         h = self.model.norm(h)
         if rows is None:
             return h
@@ -241,10 +279,13 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab] in float32."""
+        """hidden [N, hidden] -> logits [N, vocab] in float32 (soft-capped where the config says)."""
         if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            logits = F.linear(hidden, self.model.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(hidden).float()
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else (logits / cap).tanh_().mul_(cap)
 
 
 def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.Module], nn.Module]) -> None:
@@ -257,16 +298,16 @@ def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.
 
 def replace_elementwise(model: LlamaForCausalLM, norm: Callable[[RMSNorm], Module],
                         rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-                        act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> LlamaForCausalLM:
+                        act_and_mul: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> LlamaForCausalLM:
     """Every RMSNorm replaced in place by norm(it), and every attention's rotary embedding and every
-    MLP's SiLU-and-multiply by these functions: how a device's own kernels for them enter the model
-    (model/cpu_ops.py, model/triton_ops.py)."""
+    MLP's activation-and-multiply (by its activation's name) by these functions: how a device's own
+    kernels for them enter the model (model/cpu_ops.py, model/triton_ops.py)."""
     replace_modules(model, RMSNorm, norm)
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rotate
         elif isinstance(module, MLP):
-            module.act_and_mul = act_and_mul
+            module.act_and_mul = act_and_mul[module.act]
     return model
 
 

@@ -59,10 +59,15 @@ def load_model(
             load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard))
             if quantization is not None and shard is None:
                 use_gguf_blocks(model, reader)  # the file's own codes where they map; quantize_model does the rest
-        elif shard is None:
-            load_tensors(model, safetensors_tensors(checkpoint_files(path)))
         else:
-            load_tensors(model, shard_tensors(safetensors_tensors(checkpoint_files(path), lazy=True), config, shard))
+            # A GGUF file holds the norms' scales; a Gemma checkpoint holds them less 1 (llama.cpp's
+            # converter adds it, as this does).
+            offset = config.norm_weight_offset
+            if shard is None:
+                load_tensors(model, safetensors_tensors(checkpoint_files(path)), offset)
+            else:
+                load_tensors(model, shard_tensors(safetensors_tensors(checkpoint_files(path), lazy=True), config, shard),
+                             offset)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
@@ -133,9 +138,10 @@ def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[
                 yield name, f.get_slice(name) if lazy else f.get_tensor(name)
 
 
-def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]],
+                 norm_offset: float = 0.0) -> None:
     """Copy every (Hugging Face name, tensor) into its (possibly fused) parameter, casting to the
-    model dtype."""
+    model dtype; each norm's weight first has `norm_offset` added (in float32)."""
     params = dict(model.named_parameters())
     expected = _checkpoint_names(params)
     loaded: set[str] = set()
@@ -146,6 +152,8 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         if name not in expected:
             unexpected.append(name)
             continue
+        if norm_offset and name.endswith("norm.weight"):
+            tensor = tensor[...].float() + norm_offset
         _copy_into(params, name, tensor, model.config)
         loaded.add(name)
     missing = sorted(expected - loaded)

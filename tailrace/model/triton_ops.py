@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tailrace.model.llama import LlamaForCausalLM, Module, RMSNorm, replace_elementwise
+from tailrace.model.llama import LlamaForCausalLM, Module, RMSNorm, gelu_tanh_and_mul, replace_elementwise
 
 DTYPES = (torch.bfloat16, torch.float16)
 _SILU_BLOCK = 1024  # output columns per program
@@ -27,7 +27,7 @@ _SILU_BLOCK = 1024  # output columns per program
 
 def use_triton_ops(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every RMSNorm, rotary embedding and SiLU-and-multiply of the model through the kernels, in place."""
-    return replace_elementwise(model, TritonRMSNorm, rotary, silu_mul)
+    return replace_elementwise(model, TritonRMSNorm, rotary, {"silu": silu_mul, "gelu_tanh": gelu_tanh_and_mul})
 
 
 class TritonRMSNorm(Module):

@@ -28,6 +28,8 @@ CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVE
 OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
 QUANTS = ("Q8_0", "Q4_0")
 CONVERT_WRAPPER = Path(__file__).with_name("llamacpp_convert.py")
+# What converting takes from the tree (tests/e2e/test_architectures.py unpacks no more).
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 
 def tree(directory: Path) -> Path:
@@ -38,16 +40,35 @@ def binary(directory: Path, name: str) -> Path:
     return directory / "build" / "bin" / name
 
 
-def ensure_installed(directory: Path) -> None:
-    if is_installed(directory, PINS):
-        return
-    start_install(directory)
+def fetch_tree(directory: Path, parts: tuple[str, ...] | None = None) -> Path:
+    """llama.cpp's tree from the llama-cpp-python sdist (pip downloads it into `directory`),
+    unpacked there whole or only the `parts` given (paths in the tree; a folder's ends in /)."""
     step(NAME, f"pip download llama-cpp-python=={VERSION} (source)",
          [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
           "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", str(directory)])
     print(f"{NAME}: unpacking the source", flush=True)
+    root = tree(directory).relative_to(directory).as_posix()
     with tarfile.open(directory / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
-        archive.extractall(directory, filter="data")
+        members = None if parts is None else [
+            m for m in archive.getmembers()
+            if any(m.name == f"{root}/{part}" or m.name.startswith(f"{root}/{part}") for part in parts)]
+        archive.extractall(directory, members=members, filter="data")
+    return tree(directory)
+
+
+def convert_command(tree_dir: Path, model_dir: Path, outtype: str, outfile: Path,
+                    python: Path | str = sys.executable) -> list[str]:
+    """llama.cpp's converter turning `model_dir` into `outfile` (outtype f32, bf16, ...) under
+    `python`, which has its requirements (torch, numpy, sentencepiece, transformers, safetensors)."""
+    return [str(python), str(CONVERT_WRAPPER), str(tree_dir), str(model_dir), "--outtype", outtype,
+            "--outfile", str(outfile)]
+
+
+def ensure_installed(directory: Path) -> None:
+    if is_installed(directory, PINS):
+        return
+    start_install(directory)
+    fetch_tree(directory)
     step(NAME, "cmake configure", ["cmake", "-S", str(tree(directory)), "-B", str(directory / "build"), *CMAKE_FLAGS])
     step(NAME, "cmake build llama-server llama-quantize (about 10 minutes on 2 cores)",
          ["cmake", "--build", str(directory / "build"), "--target", "llama-server", "llama-quantize", "-j2"])
@@ -74,8 +95,7 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None)
         converted.parent.mkdir(exist_ok=True)
         partial = converted.with_suffix(".partial")
         step(NAME, f"converting {model_dir} to {converted.name}",
-             [str(directory / "convert-venv" / "bin" / "python"), str(CONVERT_WRAPPER), str(tree(directory)),
-              str(model_dir), "--outtype", outtype, "--outfile", str(partial)])
+             convert_command(tree(directory), model_dir, outtype, partial, directory / "convert-venv" / "bin" / "python"))
         partial.rename(converted)  # only a whole file counts as cached
     if quant is None:
         return converted

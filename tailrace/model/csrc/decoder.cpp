@@ -1,5 +1,6 @@
-// A bfloat16 or float32 Llama-family forward in one call from Python: token ids to the final norm's
-// rows.
+// A bfloat16 or float32 decoder forward in one call from Python: token ids to the final norm's
+// rows, for every architecture llama.py runs (the same features: per-layer rotary tables or none,
+// sliding windows, GeGLU, sandwich norms, the embedding's multiplier, the scores' soft cap).
 //
 // The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
@@ -37,9 +38,12 @@ struct Projection {
 };
 
 struct Layer {
-    torch::Tensor input_norm, post_norm;  // [hidden]
+    torch::Tensor input_norm, post_norm;  // [hidden]: the attention's and the MLP's input norms
     torch::Tensor q_norm, k_norm;         // [head_dim], or undefined for models without q/k norms
+    torch::Tensor attn_out_norm, ffn_out_norm;  // [hidden], sandwich norms of their outputs, or undefined
     Projection qkv, o, gate_up, down;
+    int64_t rope;    // the rotary table rotating q/k (0: global, 1: local), -1 for none
+    int64_t window;  // the positions a query sees back from itself, 0 for all
 };
 
 using Buffers = std::vector<c10::optional<torch::Tensor>>;
@@ -54,9 +58,15 @@ class DecoderForward {
     static constexpr const char* kName = std::is_same_v<Scalar, float> ? "float32" : "bfloat16";
 
 public:
-    DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+    // gelu: GELU's tanh approximation gates the MLP (GeGLU), else SiLU; embedding_multiplier: the
+    // embedding rows times it, rounded to the dtype first (1: none); scale, softcap: the attention's
+    // (softcap 0: none).
+    DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+                   bool gelu, double embedding_multiplier, double scale, double softcap)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
-          eps_(static_cast<float>(eps)) {
+          eps_(static_cast<float>(eps)), gelu_(gelu),
+          embedding_multiplier_(static_cast<float>(static_cast<Scalar>(static_cast<float>(embedding_multiplier)))),
+          scale_(static_cast<float>(scale)), softcap_(static_cast<float>(softcap)) {
         TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
         TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
     }
@@ -64,7 +74,8 @@ public:
     // Each projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), None where absent.
     void add_layer(const torch::Tensor& input_norm, const Buffers& qkv, const c10::optional<torch::Tensor>& q_norm,
                    const c10::optional<torch::Tensor>& k_norm, const Buffers& o, const torch::Tensor& post_norm,
-                   const Buffers& gate_up, const Buffers& down) {
+                   const Buffers& gate_up, const Buffers& down, const c10::optional<torch::Tensor>& attn_out_norm,
+                   const c10::optional<torch::Tensor>& ffn_out_norm, int64_t rope, int64_t window) {
         check_norm(input_norm, hidden_);
         check_norm(post_norm, hidden_);
         TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
@@ -72,19 +83,27 @@ public:
             check_norm(*q_norm, dim_);
             check_norm(*k_norm, dim_);
         }
-        layers_.push_back({input_norm, post_norm, q_norm.value_or(torch::Tensor()), k_norm.value_or(torch::Tensor()),
-                           projection(qkv, hidden_, qkv_width()), projection(o, heads_ * dim_, hidden_),
-                           projection(gate_up, hidden_, 2 * intermediate_), projection(down, intermediate_, hidden_)});
+        TORCH_CHECK(attn_out_norm.has_value() == ffn_out_norm.has_value(), "sandwich norms come together");
+        if (attn_out_norm) {
+            check_norm(*attn_out_norm, hidden_);
+            check_norm(*ffn_out_norm, hidden_);
+        }
+        TORCH_CHECK(-1 <= rope && rope <= 1 && window >= 0, "rope is -1, 0 or 1; window at least 0");
+        layers_.push_back({input_norm, post_norm, defined(q_norm), defined(k_norm), defined(attn_out_norm),
+                           defined(ffn_out_norm), projection(qkv, hidden_, qkv_width()),
+                           projection(o, heads_ * dim_, hidden_), projection(gate_up, hidden_, 2 * intermediate_),
+                           projection(down, intermediate_, hidden_), rope, window});
         TORCH_CHECK(!layers_.back().o.bias.defined() && !layers_.back().gate_up.bias.defined() &&
                     !layers_.back().down.bias.defined(), "only qkv_proj may have a bias");
     }
 
     // The model's parts around the layers: the token embedding, a [vocab, hidden] table or, packed
     // (a tied head as bf16_linear packs it), [vocab / 16, hidden / 2, 32] with row n at lane n % 16
-    // of vector n / 16 in pairs (bfloat16: a pair's values side by side; float32: 16 lanes apart); the rotary tables [positions, head_dim] (float32, as
-    // llama.Rotary builds them); the final norm's weight.
-    void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const torch::Tensor& cos,
-                   const torch::Tensor& sin, const torch::Tensor& final_norm) {
+    // of vector n / 16 in pairs (bfloat16: a pair's values side by side; float32: 16 lanes apart);
+    // the rotary tables [positions, head_dim] (float32, as llama.Rotary builds them), the global
+    // one's then the local one's (as cos, sin, cos, sin; the same positions); the final norm's weight.
+    void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const std::vector<torch::Tensor>& rotary,
+                   const torch::Tensor& final_norm) {
         TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
                     "the embedding must be contiguous ", kName);
         if (packed)
@@ -92,16 +111,18 @@ public:
         else
             TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab && embedding.size(1) == hidden_,
                         "the embedding table must be [", vocab, ", ", hidden_, "]");
-        for (const torch::Tensor* table : {&cos, &sin})
-            TORCH_CHECK(table->scalar_type() == torch::kFloat32 && table->is_contiguous() && table->dim() == 2 &&
-                        table->size(1) == dim_ && table->size(0) == cos.size(0),
+        TORCH_CHECK(!rotary.empty() && rotary.size() <= 4 && rotary.size() % 2 == 0, "rotary is cos, sin[, cos, sin]");
+        for (const torch::Tensor& table : rotary)
+            TORCH_CHECK(table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.dim() == 2 &&
+                        table.size(1) == dim_ && table.size(0) == rotary[0].size(0),
                         "the rotary tables must be contiguous float32 [positions, ", dim_, "]");
+        for (const Layer& layer : layers_)
+            TORCH_CHECK(2 * layer.rope < static_cast<int64_t>(rotary.size()), "a layer's rotary table is missing");
         check_norm(final_norm, hidden_);
         embedding_ = embedding;
         vocab_ = vocab;
         packed_embedding_ = packed;
-        cos_ = cos;
-        sin_ = sin;
+        rotary_ = rotary;
         final_norm_ = final_norm;
     }
 
@@ -113,7 +134,7 @@ public:
     torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& k_pages,
                           const torch::Tensor& v_pages, const torch::Tensor& slot_mapping,
                           const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                          const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale,
+                          const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs,
                           const c10::optional<torch::Tensor>& wanted) const {
         TORCH_CHECK(embedding_.defined(), "set_outer must come before forward");
         check_step(ids, positions, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
@@ -125,14 +146,15 @@ public:
             TORCH_CHECK(0 <= slot[t] && slot[t] < slots, "slot_mapping holds a slot outside the pages");
         const torch::TensorOptions row_options = k_pages.options();
         auto rows = [&](int64_t width) { return torch::empty({T, width}, row_options); };
-        const torch::Tensor cos = torch::empty({T, dim_}, cos_.options()), sin = torch::empty({T, dim_}, sin_.options());
+        std::vector<torch::Tensor> rotations;  // the rotary tables' rows at the step's positions
+        for (size_t i = 0; i < rotary_.size(); ++i)
+            rotations.push_back(torch::empty({T, dim_}, rotary_[i].options()));
         torch::Tensor h = rows(hidden_);
-        gather(ids, positions, h, cos, sin);
+        gather(ids, positions, h, rotations);
         const int64_t qk_width = (heads_ + kv_heads_) * dim_;
-        Step step{T, cos.data_ptr<float>(), sin.data_ptr<float>(), data<Scalar>(k_pages), data<Scalar>(v_pages),
+        Step step{T, rotations, data<Scalar>(k_pages), data<Scalar>(v_pages),
                   k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), slot, block_tables.data_ptr<int32_t>(),
-                  block_tables.stride(0), block_tables.stride(1),
-                  block_size, static_cast<float>(scale),
+                  block_tables.stride(0), block_tables.stride(1), block_size,
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
                   rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
@@ -152,13 +174,12 @@ private:
     // One forward's inputs, and its rows between kernels (shared by every layer).
     struct Step {
         int64_t T;
-        const float *cos, *sin;
+        std::vector<torch::Tensor> rotations;  // cos, sin [T, head_dim] of each rotary table
         Scalar *k_pages, *v_pages;
         int64_t layer_stride, slot_stride, head_stride;  // the pages' (k and v alike)
         const int64_t* slot;  // [T]
         const int32_t* tables;
         int64_t table_seq_stride, table_block_stride, block_size;
-        float scale;
         tailrace::QueryRows rows;
         torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
         Scalar *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
@@ -177,12 +198,13 @@ private:
 
     int64_t qkv_width() const { return (heads_ + 2 * kv_heads_) * dim_; }
 
-    // Row t of h: token ids[t]'s embedding; of cos/sin: the tables' rows at positions[t].
-    void gather(const torch::Tensor& ids, const torch::Tensor& positions, torch::Tensor& h, const torch::Tensor& cos,
-                const torch::Tensor& sin) const {
+    // Row t of h: token ids[t]'s embedding (times the multiplier); of each rotation: its table's
+    // row at positions[t].
+    void gather(const torch::Tensor& ids, const torch::Tensor& positions, torch::Tensor& h,
+                std::vector<torch::Tensor>& rotations) const {
         const int64_t* id = ids.data_ptr<int64_t>();
         const int64_t* position = positions.data_ptr<int64_t>();
-        const int64_t table_rows = cos_.size(0), pairs = hidden_ / 2;
+        const int64_t table_rows = rotary_[0].size(0), pairs = hidden_ / 2;
         for (int64_t t = 0; t < ids.size(0); ++t) {
             TORCH_CHECK(0 <= id[t] && id[t] < vocab_, "token id ", id[t], " is outside the vocabulary of ", vocab_);
             TORCH_CHECK(0 <= position[t] && position[t] < table_rows, "position ", position[t],
@@ -208,13 +230,18 @@ private:
             } else {
                 std::memcpy(row, data<Scalar>(embedding_) + id[t] * hidden_, hidden_ * sizeof(Scalar));
             }
-            std::memcpy(cos.data_ptr<float>() + t * dim_, cos_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
-            std::memcpy(sin.data_ptr<float>() + t * dim_, sin_.data_ptr<float>() + position[t] * dim_, dim_ * sizeof(float));
+            if (embedding_multiplier_ != 1.0f)  // in float32, rounded once, as the reference's product in the dtype
+                for (int64_t i = 0; i < hidden_; ++i)
+                    row[i] = static_cast<Scalar>(static_cast<float>(row[i]) * embedding_multiplier_);
+            for (size_t i = 0; i < rotary_.size(); ++i)
+                std::memcpy(data<float>(rotations[i]) + t * dim_, data<float>(rotary_[i]) + position[t] * dim_,
+                            dim_ * sizeof(float));
         }
     }
 
-    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated, h first taking the previous layer's
-    // pending y; the step's K/V stored into layer l's pages, head by head
+    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated (without rotary for a layer without
+    // one), h first taking the previous layer's pending y; the step's K/V stored into layer l's
+    // pages, head by head
     void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
         norm(w.input_norm, s, data<Scalar>(s.x));
@@ -233,7 +260,13 @@ private:
             qk = data<Scalar>(s.qk);
             qk_stride = qk_heads * dim_;
         }
-        tailrace::rotary_rows(qk, qk_stride, s.cos, s.sin, data<Scalar>(s.rotated), T, qk_heads, dim_);
+        if (w.rope >= 0)
+            tailrace::rotary_rows(qk, qk_stride, data<float>(s.rotations[2 * w.rope]),
+                                  data<float>(s.rotations[2 * w.rope + 1]), data<Scalar>(s.rotated), T, qk_heads, dim_);
+        else
+            for (int64_t t = 0; t < T; ++t)
+                std::memcpy(data<Scalar>(s.rotated) + t * qk_heads * dim_, qk + t * qk_stride,
+                            qk_heads * dim_ * sizeof(Scalar));
         Scalar* k_layer = s.k_pages + l * s.layer_stride;
         Scalar* v_layer = s.v_pages + l * s.layer_stride;
         for (int64_t t = 0; t < T; ++t)
@@ -248,15 +281,23 @@ private:
         s.v_layer = v_layer;
     }
 
-    // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer, pending
+    // y = o_proj(attention of s.rotated's queries over the layer's pages) (then normed, with
+    // sandwich norms), project's layer, pending
     void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<Scalar> problem{
             data<Scalar>(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, data<Scalar>(s.attended), s.tables,
-            s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, s.scale, s.slot_stride,
-            s.head_stride};
+            s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, scale_, s.slot_stride,
+            s.head_stride, w.window, softcap_};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
+        if (w.attn_out_norm.defined())
+            out_norm(w.attn_out_norm, s);
         s.y_pending = true;
+    }
+
+    // y normed in place (a sandwich norm: each row is read whole before it is written)
+    void out_norm(const torch::Tensor& weight, Step& s) const {
+        tailrace::rms_norm_rows(data<Scalar>(s.y), data<Scalar>(weight), data<Scalar>(s.y), s.T, hidden_, hidden_, eps_);
     }
 
     // The step narrowed to the `wanted` rows: their residual rows, rotated queries and query rows,
@@ -277,12 +318,16 @@ private:
         s.T = R;
     }
 
-    // y = down_proj(silu(gate) * up of gate_up_proj(norm(h))), h first taking attend's y; pending
+    // y = down_proj(act(gate) * up of gate_up_proj(norm(h))) (then normed, with sandwich norms), h
+    // first taking attend's y; pending
     void feed_forward(const Layer& w, Step& s) const {
         norm(w.post_norm, s, data<Scalar>(s.x));
         linear(w.gate_up, s.x, s.gate_up);
-        tailrace::silu_mul_rows(data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
+        (gelu_ ? tailrace::gelu_tanh_mul_rows<Scalar> : tailrace::silu_mul_rows<Scalar>)(
+            data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
         linear(w.down, s.act, s.y);
+        if (w.ffn_out_norm.defined())
+            out_norm(w.ffn_out_norm, s);
         s.y_pending = true;
     }
 
@@ -365,8 +410,11 @@ private:
 
     int64_t hidden_, heads_, kv_heads_, dim_, intermediate_;
     float eps_;
+    bool gelu_;
+    float embedding_multiplier_, scale_, softcap_;
     std::vector<Layer> layers_;
-    torch::Tensor embedding_, cos_, sin_, final_norm_;  // set_outer's
+    torch::Tensor embedding_, final_norm_;  // set_outer's
+    std::vector<torch::Tensor> rotary_;
     int64_t vocab_ = 0;
     bool packed_embedding_ = false;
 };
@@ -376,12 +424,14 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
     namespace py = pybind11;
     using Forward = DecoderForward<Scalar>;
     py::class_<Forward>(m, name, doc)
-        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
-             py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, double, double, double>(),
+             py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"),
+             py::arg("eps"), py::arg("gelu"), py::arg("embedding_multiplier"), py::arg("scale"), py::arg("softcap"))
         .def("add_layer", &Forward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"))
+             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
+             py::arg("attn_out_norm"), py::arg("ffn_out_norm"), py::arg("rope"), py::arg("window"))
         .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
-             py::arg("cos"), py::arg("sin"), py::arg("final_norm"))
+             py::arg("rotary"), py::arg("final_norm"))
         .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),
              "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
              "into the pages");
@@ -391,7 +441,7 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
 
 void register_decoder(pybind11::module& m) {
     register_forward<c10::BFloat16>(m, "DecoderForward",
-                                    "a bfloat16 Llama-family forward, token ids to the final norm, in one call");
+                                    "a bfloat16 decoder forward, token ids to the final norm, in one call");
     register_forward<float>(m, "DecoderForwardFloat32",
-                            "a float32 Llama-family forward, token ids to the final norm, in one call");
+                            "a float32 decoder forward, token ids to the final norm, in one call");
 }

@@ -109,26 +109,41 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
     });
 }
 
-// silu(gate) * up over x = [gate | up] per row, the reference's rounding: silu's result rounded
-// to the dtype, then the product rounded.
-template <typename T>
-void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
+// act(gate) * up over x = [gate | up] per row, the reference's rounding: the activation's result
+// rounded to the dtype, then the product rounded. act: 16 gate values (float32) to theirs.
+template <typename T, typename Act>
+void act_mul_rows(const T* x, T* out, int64_t rows, int64_t width, Act act) {
     with_native_bf16<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
         at::parallel_for(0, rows, grain(2 * width), [&](int64_t begin, int64_t end) {
-            const __m512 one = _mm512_set1_ps(1.0f);
             for (int64_t r = begin; r < end; ++r) {
                 const T* gate = x + r * 2 * width;
                 const T* up = gate + width;
                 for (int64_t i = 0; i < width; i += kLanes) {
                     const __mmask16 m = lanes(width - i);
-                    const __m512 g = load16(gate + i, m);
-                    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-                    const __m512 silu = rounded<N>(_mm512_div_ps(g, _mm512_add_ps(one, e)), gate);
-                    store16<N>(out + r * width + i, _mm512_mul_ps(silu, load16(up + i, m)), m);
+                    const __m512 a = rounded<N>(act(load16(gate + i, m)), gate);
+                    store16<N>(out + r * width + i, _mm512_mul_ps(a, load16(up + i, m)), m);
                 }
             }
         });
+    });
+}
+
+// g / (1 + e^-g)
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
+    act_mul_rows(x, out, rows, width, [](__m512 g) {
+        return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    });
+}
+
+// 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + e^-2u)
+template <typename T>
+void gelu_tanh_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
+    act_mul_rows(x, out, rows, width, [](__m512 g) {
+        const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), g), _mm512_mul_ps(g, g), g);
+        const __m512 minus_2u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f), inner);
+        return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(minus_2u)));
     });
 }
 
@@ -137,6 +152,7 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
     template void rms_norm_rows(const T*, const T*, T*, int64_t, int64_t, int64_t, float);                   \
     template void rotary_rows(const T*, int64_t, const float*, const float*, T*, int64_t, int64_t, int64_t); \
     template void silu_mul_rows(const T*, T*, int64_t, int64_t);                                            \
+    template void gelu_tanh_mul_rows(const T*, T*, int64_t, int64_t);                                       \
     template void add_rms_norm_rows(T*, const T*, const T*, T*, int64_t, int64_t, float);
 TAILRACE_ELEMENTWISE(c10::BFloat16)
 TAILRACE_ELEMENTWISE(float)
@@ -177,7 +193,8 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
     return out;
 }
 
-torch::Tensor silu_mul(const torch::Tensor& x_any) {
+// act(gate) * up over x [..., gate | up] -> [..., I]; act SiLU, or GELU's tanh approximation with `gelu`
+torch::Tensor act_mul(const torch::Tensor& x_any, bool gelu) {
     const int64_t width = x_any.size(-1) / 2;
     TORCH_CHECK(x_any.size(-1) % 2 == 0, "x must be [..., 2 * I]: gate then up");
     const torch::Tensor x = x_any.contiguous();
@@ -185,9 +202,10 @@ torch::Tensor silu_mul(const torch::Tensor& x_any) {
     shape.back() = width;
     torch::Tensor out = torch::empty(shape, x.options());
     const int64_t rows = width ? x.numel() / (2 * width) : 0;
-    tailrace::with_element_type(x.scalar_type(), "silu_mul", [&](auto* tag) {
+    tailrace::with_element_type(x.scalar_type(), "act_mul", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        tailrace::silu_mul_rows(x.data_ptr<T>(), out.data_ptr<T>(), rows, width);
+        (gelu ? tailrace::gelu_tanh_mul_rows<T> : tailrace::silu_mul_rows<T>)(x.data_ptr<T>(), out.data_ptr<T>(), rows,
+                                                                              width);
     });
     return out;
 }
@@ -197,5 +215,8 @@ torch::Tensor silu_mul(const torch::Tensor& x_any) {
 void register_elementwise(pybind11::module& m) {
     m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, the reference's rounding (bfloat16 or float32)");
     m.def("rotary", &rotary, "rotary embedding, rotate_half convention, sin table signed (bfloat16 or float32)");
-    m.def("silu_mul", &silu_mul, "silu(gate) * up over [gate | up] (bfloat16 or float32)");
+    m.def("silu_mul", [](const torch::Tensor& x) { return act_mul(x, false); },
+          "silu(gate) * up over [gate | up] (bfloat16 or float32)");
+    m.def("gelu_tanh_mul", [](const torch::Tensor& x) { return act_mul(x, true); },
+          "gelu(gate, approximate='tanh') * up over [gate | up] (bfloat16 or float32)");
 }

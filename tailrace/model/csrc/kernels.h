@@ -78,6 +78,9 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
 // silu(gate) * up of x [rows][gate | up] into out [rows][width].
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
+// gelu(gate) * up, GELU's tanh approximation (Gemma's GeGLU), likewise.
+template <typename T>
+void gelu_tanh_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
 
 // token_mask.cpp: logits[rows[k]] (rows `row_stride` apart, `vocab` wide) set to -inf where bit i of
 // mask k is 0; mask k is `bits_stride` 16-bit words from bits + k * bits_stride, little-endian.
@@ -97,6 +100,8 @@ struct PagedAttention {
     int64_t heads, kv_heads, dim;
     float scale;
     int64_t slot_stride, head_stride;
+    int64_t window = 0;    // a row sees only its last `window` positions (sliding-window layers); 0: all
+    float softcap = 0.0f;  // scores pass through softcap * tanh(score / softcap) (Gemma 2); 0: as they are
 };
 
 // Per query row: its sequence (-1: in none) and the last position it sees.
@@ -107,7 +112,8 @@ struct QueryRows {
 // From query_start_loc [num_seqs + 1] and seq_lens [num_seqs]; fails on inconsistent metadata.
 QueryRows query_rows(const int32_t* query_start_loc, const int32_t* seq_lens, int64_t num_seqs, int64_t rows);
 
-// Causal attention of every query row; rows in no sequence are written as zeros.
+// Causal attention of every query row (over its last p.window positions where set); rows in no
+// sequence are written as zeros.
 template <typename T>
 void paged_attention(const PagedAttention<T>& p, const QueryRows& rows);
 

@@ -138,7 +138,7 @@ struct Chunks<c10::BFloat16, Native> {
 };
 
 // G query heads from `head` on, all reading KV head `kv_head`, of one query row that sees
-// positions 0..last of sequence `seq`. Each key and value is read once for the G heads; each
+// positions 0..last of sequence `seq` (the last p.window of them where set). Each key and value is read once for the G heads; each
 // head's arithmetic is its own, in the same order whatever G or the batch.
 // D: the head's chunks when known at compile time (the loops over them unroll and the
 // accumulators stay in registers), 0 to work it out from p.dim.
@@ -148,7 +148,10 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
     using C = Chunks<T, Native>;
     const int64_t n = last + 1, dim = D > 0 ? D * C::kWidth : p.dim;
     const int64_t chunks = D > 0 ? D : (dim + C::kWidth - 1) / C::kWidth;
-    const int64_t padded = ((n + kLanes - 1) / kLanes) * kLanes;
+    // Positions first..last are seen; the loops run over whole groups of 16 from `start`, the
+    // positions before `first` in its group masked out (`skip`).
+    const int64_t first = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0, start = first / kLanes * kLanes;
+    const int64_t padded = ((n - start + kLanes - 1) / kLanes) * kLanes;
     const Rows<T> rows{p, p.tables + seq * p.table_seq_stride};
     scores.resize(G * padded);
     float* const scored = scores.data();  // once: `scores` is thread_local, its address a call to find
@@ -169,17 +172,19 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
             q[g][c] = C::query(q_row + c * C::kWidth, mask[c]);
     }
     const __m512 scale = _mm512_set1_ps(p.scale);
+    const bool capped = p.softcap > 0.0f;
+    const __m512 cap = _mm512_set1_ps(p.softcap), inverse_cap = _mm512_set1_ps(1.0f / p.softcap);
     int64_t page_rows[16];
     __m512 best[G];
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g)
         best[g] = _mm512_set1_ps(-INFINITY);
     __m512 dots[G][16];
-    for (int64_t base = 0; base < n; base += kLanes) {
-        const int64_t count = std::min<int64_t>(kLanes, n - base);
+    for (int64_t base = start; base < n; base += kLanes) {
+        const int64_t count = std::min<int64_t>(kLanes, n - base), skip = std::max<int64_t>(0, first - base);
         rows.fill(base, count, page_rows);
         for (int64_t t = 0; t < kLanes; ++t) {
-            if (t >= count) {
+            if (t < skip || t >= count) {
 #pragma GCC unroll 16
                 for (int g = 0; g < G; ++g)
                     dots[g][t] = _mm512_setzero_ps();
@@ -199,11 +204,13 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
                 dots[g][t] = acc;
             }
         }
-        const __mmask16 live = lanes(count);
+        const __mmask16 live = lanes(count) & ~lanes(skip);
 #pragma GCC unroll 16
         for (int g = 0; g < G; ++g) {
-            const __m512 s = _mm512_mul_ps(sum_lanes16(dots[g]), scale);
-            _mm512_storeu_ps(scored + g * padded + base, s);
+            __m512 s = _mm512_mul_ps(sum_lanes16(dots[g]), scale);
+            if (capped)
+                s = _mm512_mul_ps(cap, tailrace::tanh16(_mm512_mul_ps(s, inverse_cap)));
+            _mm512_storeu_ps(scored + g * padded + base - start, s);
             best[g] = _mm512_mask_max_ps(best[g], live, best[g], s);
         }
     }
@@ -213,10 +220,11 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
         float* head_scores = scored + g * padded;
         const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(best[g]));
         __m512 total = _mm512_setzero_ps();
-        for (int64_t base = 0; base < n; base += kLanes) {
-            const __mmask16 live = lanes(n - base);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(head_scores + base), max)));
-            _mm512_storeu_ps(head_scores + base, e);
+        for (int64_t base = start; base < n; base += kLanes) {
+            const __mmask16 live = lanes(n - base) & ~lanes(std::max<int64_t>(0, first - base));
+            float* at = head_scores + base - start;
+            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(at), max)));
+            _mm512_storeu_ps(at, e);
             total = _mm512_add_ps(total, e);
         }
         inverse[g] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
@@ -229,15 +237,15 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
 #pragma GCC unroll 16
             for (int64_t part = 0; part < C::kParts; ++part)
                 acc[g][c][part] = _mm512_setzero_ps();
-    for (int64_t base = 0; base < n; base += kLanes) {
+    for (int64_t base = start; base < n; base += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, n - base);
         rows.fill(base, count, page_rows);
-        for (int64_t t = 0; t < count; ++t) {
+        for (int64_t t = std::max<int64_t>(0, first - base); t < count; ++t) {
             const T* value = p.v + page_rows[t] * p.slot_stride + kv_head * p.head_stride;
             __m512 weight[G];
 #pragma GCC unroll 16
             for (int g = 0; g < G; ++g)
-                weight[g] = _mm512_set1_ps(scored[g * padded + base + t]);
+                weight[g] = _mm512_set1_ps(scored[g * padded + base - start + t]);
 #pragma GCC unroll 16
             for (int64_t c = 0; c < chunks; ++c) {
                 __m512 v[C::kParts];
@@ -302,7 +310,8 @@ void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int6
 // strides. Rows outside every sequence are zero.
 torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                               const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                              const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale) {
+                              const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale,
+                              int64_t window, double softcap) {
     // q may be a view of rows of the fused q/k/v projection: each row's heads contiguous is enough
     const bool rows_packed = q_any.dim() == 3 && q_any.stride(2) == 1 && q_any.stride(1) == q_any.size(2);
     const torch::Tensor q = rows_packed ? q_any : q_any.contiguous();
@@ -323,7 +332,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
         using T = std::remove_pointer_t<decltype(tag)>;
         PagedAttention<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
-                     q.size(1), k_pages.size(1), dim, static_cast<float>(scale), k_pages.stride(0), k_pages.stride(1)};
+                     q.size(1), k_pages.size(1), dim, static_cast<float>(scale), k_pages.stride(0), k_pages.stride(1),
+                     window, static_cast<float>(softcap)};
         tailrace::paged_attention(p, rows);
     });
     return out;
@@ -376,6 +386,11 @@ template void tailrace::paged_attention(const PagedAttention<float>&, const Quer
 template void tailrace::paged_attention(const PagedAttention<c10::BFloat16>&, const QueryRows&);
 
 void register_paged_attention(pybind11::module& m) {
+    namespace py = pybind11;
     m.def("paged_attention", &paged_attention,
-          "causal attention of q [T, H, D] over paged K/V through block tables (bfloat16 or float32)");
+          "causal attention of q [T, H, D] over paged K/V through block tables (bfloat16 or float32); window: "
+          "the positions a row sees back from itself (0: all); softcap: scores through softcap * tanh(s / softcap)",
+          py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("query_start_loc"), py::arg("seq_lens"),
+          py::arg("block_tables"), py::arg("block_size"), py::arg("num_seqs"), py::arg("scale"), py::arg("window") = 0,
+          py::arg("softcap") = 0.0);
 }

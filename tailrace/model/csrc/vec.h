@@ -101,4 +101,11 @@ inline __m512 exp16(__m512 x) {
     return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), tiny, _mm512_setzero_ps());
 }
 
+// tanh(x) as 1 - 2 / (1 + e^2x): -1 and 1 at the ends, where e^2x is 0 or past float's range.
+inline __m512 tanh16(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp16(_mm512_add_ps(x, x));
+    return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)));
+}
+
 }  // namespace tailrace
