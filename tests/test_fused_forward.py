@@ -40,6 +40,7 @@ FEATURES = {
                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
                     "hidden_activation": "gelu_pytorch_tanh"},
     "mistral": {"sliding_window": 9},
+    "phi3": {"partial_rotary_factor": 0.5},
 }
 
 
@@ -103,7 +104,7 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     ("smollm3", None, False, torch.bfloat16), ("smollm3", None, True, torch.float32),
     ("gemma2", None, True, torch.bfloat16), ("gemma2", None, True, torch.float32),
     ("gemma3_text", None, True, torch.bfloat16), ("gemma3_text", None, False, torch.float32),
-    ("mistral", None, False, torch.float32),
+    ("mistral", None, False, torch.float32), ("phi3", None, False, torch.bfloat16),
     pytest.param("gemma3_text", "int4", True, torch.bfloat16, marks=needs_int_kernel),
 ])
 def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied, dtype):

@@ -54,6 +54,8 @@ ARCHITECTURES = {
     "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
                dict(sliding_window=5, query_pre_attn_scalar=24, layer_types=["full_attention", "sliding_attention"])),
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=6)),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,  # half of each head turns; a window
+             dict(partial_rotary_factor=0.5, sliding_window=7, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 

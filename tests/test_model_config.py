@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from tailrace.model.config import load_model_config, parse_model_config
+from tailrace.model.config import limit_context, load_model_config, parse_model_config
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -129,6 +130,24 @@ def test_smollm3_layers_without_rope_from_the_list_or_the_interval():
                    sliding_window=128)
     assert config.layer_rope == ["global"] * 3 + [None] + ["global"] * 3 + [None]
     assert config.sliding_window is None  # SmolLM3's window applies only with use_sliding_window
+
+
+def test_phi3_partial_rotary_and_longrope_factors_chosen_by_the_context_served():
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "long_factor": [2.0] * 6, "short_factor": [1.0] * 6}
+    config = parse(architectures=["Phi3ForCausalLM"], head_dim=16, max_position_embeddings=4096,
+                   original_max_position_embeddings=1024, rope_parameters=rope)
+    assert (config.rotary_dim, config.head_dim) == (12, 16)
+    scaling = config.rope_scaling
+    assert scaling["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(4) / math.log(1024)))
+    assert scaling["long"]  # the whole 4096 served: past the pretrained 1024
+    limit_context(config, 1024)
+    assert (config.max_position_embeddings, scaling["long"]) == (1024, False)
+
+
+def test_a_partial_rotary_of_an_odd_width_is_refused():
+    with pytest.raises(ValueError, match="partial rotary: 5 of 16"):
+        parse(architectures=["Phi3ForCausalLM"], head_dim=16, partial_rotary_factor=5 / 16)
 
 
 def test_layer_types_of_the_wrong_length_are_refused():

@@ -93,10 +93,11 @@ class ModelRunner:
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
             device=str(self.device), seed=config.seed, quantization=config.quantization,
-            shard=None if tp is None else tp.shard,
+            shard=None if tp is None else tp.shard, max_model_len=config.max_model_len,
         )
         cpu_ops.prepare(self.model, self.device, config.quantization)
-        plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim) for layer in self.model.model.layers)
+        plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
+                    for layer in self.model.model.layers)
         self.attention = resolve_attention(config.attention, str(self.device), plain)
         if self.device.type == "cuda":
             _use_triton_ops(self.model)

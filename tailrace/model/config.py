@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ SUPPORTED_ARCHITECTURES = {
     "SmolLM3ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
 }
 
 # Configs built by hand (not saved from a model) name no architecture, only a model_type.
@@ -32,6 +34,7 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "smollm3": "SmolLM3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
 # attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
@@ -39,7 +42,7 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
 _GEMMA = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
-SUPPORTED_ROPE_TYPES = {"llama3", "linear"}
+SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope"}
 
 
 @dataclass(slots=True)
@@ -68,6 +71,7 @@ class ModelConfig:
     # "local": local_rope_theta unscaled), None for a layer without positions (SmolLM3's NoPE layers).
     layer_rope: list[str | None] = field(default_factory=list)
     local_rope_theta: float | None = None
+    rotary_dim: int = 0  # the leading dims of each head that rotate (Phi-3's partial rotary); 0: all
     hidden_act: str = "silu"  # or "gelu_tanh"
     norm_weight_offset: float = 0.0  # a checkpoint's norm weights + this are the scales (Gemma: 1)
     embedding_multiplier: float = 1.0  # the embedding rows times this, rounded to the dtype first
@@ -81,6 +85,7 @@ class ModelConfig:
         self.layer_windows = self.layer_windows or [None] * layers
         self.layer_rope = self.layer_rope or ["global"] * layers
         self.attention_scale = self.attention_scale or self.head_dim**-0.5
+        self.rotary_dim = self.rotary_dim or self.head_dim
 
     @property
     def sliding_window(self) -> int | None:
@@ -114,9 +119,9 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     num_heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
     layer_types = _layer_types(raw, architecture)
-    rope_theta, rope_scaling, local_theta = _rope(raw)
-    gemma = architecture in _GEMMA
     max_positions = raw.get("max_position_embeddings", 2048)
+    rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
+    gemma = architecture in _GEMMA
     window = raw.get("sliding_window")
     if window is not None and window >= max_positions:  # it never bites
         window = None
@@ -143,6 +148,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         layer_windows=[window if kind == "sliding_attention" else None for kind in layer_types],
         layer_rope=_layer_rope(raw, architecture, layer_types, local_theta),
         local_rope_theta=local_theta,
+        rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=_ACTIVATIONS[act],
         norm_weight_offset=1.0 if gemma else 0.0,
         embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else 1.0,
@@ -164,10 +170,33 @@ def _architecture(raw: dict[str, Any]) -> str:
     return name
 
 
-def _rope(raw: dict[str, Any]) -> tuple[float, dict | None, float | None]:
-    """(theta, scaling, local theta) from transformers 5's `rope_parameters` (Gemma 3: one set per
-    layer type, the sliding layers' being the local one) or the older top-level `rope_theta` +
-    `rope_scaling` (+ Gemma 3's `rope_local_base_freq`). The local table is never scaled."""
+def limit_context(config: ModelConfig, max_model_len: int | None) -> None:
+    """The context served capped at `max_model_len` (None: the model's), in place. LongRoPE
+    (Phi-3) takes its long factors where the context served is past the pretrained one, its short
+    ones otherwise, as llama.cpp decides once for its context; transformers decides by each
+    forward's length and vLLM by each batch's longest position, which would make a token depend
+    on its batch."""
+    if max_model_len is not None:
+        config.max_position_embeddings = min(config.max_position_embeddings, max_model_len)
+    scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        scaling["long"] = config.max_position_embeddings > scaling["original_max_position_embeddings"]
+
+
+def _rotary_dim(head_dim: int, fraction: float) -> int:
+    dim = int(head_dim * fraction)
+    if dim % 2 or not 0 < dim <= head_dim:
+        raise ValueError(f"unsupported partial rotary: {dim} of {head_dim} dims rotate")
+    return dim
+
+
+def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, float | None, float]:
+    """(theta, scaling, local theta, the fraction of each head that rotates) from transformers 5's
+    `rope_parameters` (Gemma 3: one set per layer type, the sliding layers' being the local one) or
+    the older top-level `rope_theta` + `rope_scaling` (+ Gemma 3's `rope_local_base_freq`, Phi-3's
+    `partial_rotary_factor` and `original_max_position_embeddings`). The local table is never
+    scaled. LongRoPE's attention factor is worked out here from the model's full context, as
+    transformers does."""
     params = raw.get("rope_parameters")
     local = raw.get("rope_local_base_freq")
     if isinstance(params, dict) and "full_attention" in params:
@@ -180,17 +209,25 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict | None, float | None]:
         theta = raw.get("rope_theta", 10000.0)
         scaling = dict(raw.get("rope_scaling") or {})
     local = None if local is None else float(local)
-    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("unsupported partial_rotary_factor != 1")
+    fraction = float(scaling.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
+    if rope_type == "su":  # Phi-3's first name for it
+        rope_type = "longrope"
     if rope_type == "default":
-        return float(theta), None, local
+        return float(theta), None, local, fraction
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))}"
         )
-    return float(theta), {"rope_type": rope_type, **scaling}, local
+    if rope_type == "longrope":
+        original = scaling.setdefault("original_max_position_embeddings",
+                                      raw.get("original_max_position_embeddings", max_positions))
+        factor = scaling.get("factor") or max_positions / original
+        if scaling.get("attention_factor") is None:
+            scaling["attention_factor"] = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        scaling["long"] = max_positions > original
+    return float(theta), {"rope_type": rope_type, **scaling}, local, fraction
 
 
 def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:

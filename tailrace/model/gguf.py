@@ -21,7 +21,8 @@ from gguf.quants import dequantize as dequantize_blocks
 
 # general.architecture -> the Hugging Face architecture it is.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM"}
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
 PERMUTED_ARCHITECTURES = ("llama", "smollm3")
@@ -53,6 +54,9 @@ _GEMMA_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3 keeps q/k/v in one tensor, and gate and up in ffn_up.
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 _ROPE_FREQS = "rope_freqs.weight"
 _REQUIRED = object()
 
@@ -117,7 +121,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "head_dim": value("attention.key_length", hidden // heads),
         "rms_norm_eps": value("attention.layer_norm_rms_epsilon"),
         "rope_theta": value("rope.freq_base", 10000.0),
-        "rope_scaling": _rope_scaling(reader, arch, tensors.get(_ROPE_FREQS)),
+        "rope_scaling": _rope_scaling(reader, arch, tensors),
         "max_position_embeddings": value("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
@@ -133,6 +137,10 @@ def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
     hidden / heads on the 27B models), and SmolLM3's layers without rope (every 4th)."""
     if arch == "smollm3":
         return {"no_rope_layer_interval": 4}
+    if arch == "phi3":  # rope.dimension_count: the dims of a head that rotate
+        head_dim = value("embedding_length") // value("attention.head_count")
+        return {"partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim,
+                "sliding_window": value("attention.sliding_window", 0) or None}
     if arch not in ("gemma2", "gemma3"):
         return {}
     layers, hidden, heads = value("block_count"), value("embedding_length"), value("attention.head_count")
@@ -158,9 +166,14 @@ def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
     return config
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, rope_freqs: ReaderTensor | None) -> dict | None:
-    if rope_freqs is not None:
-        return _llama3_scaling(reader, arch, torch.from_numpy(np.array(rope_freqs.data, dtype=np.float32)))
+def _rope_scaling(reader: GGUFReader, arch: str, tensors: dict[str, ReaderTensor]) -> dict | None:
+    if _ROPE_FREQS in tensors:
+        return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
+    if all(name in tensors for name in _LONGROPE_FACTORS):  # Phi-3's LongRoPE, its factors as tensors
+        scaling = {key: np.array(tensors[name].data, dtype=np.float32).tolist() for name, key in _LONGROPE_FACTORS.items()}
+        return {"rope_type": "longrope", **scaling,
+                "original_max_position_embeddings": metadata(reader, f"{arch}.rope.scaling.original_context_length"),
+                "attention_factor": metadata(reader, f"{arch}.rope.scaling.attn_factor", None)}
     kind = metadata(reader, f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
@@ -212,7 +225,7 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
     heads = metadata(reader, f"{arch}.attention.head_count")
     kv_heads = metadata(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:
-        if tensor.name == _ROPE_FREQS:
+        if tensor.name == _ROPE_FREQS or tensor.name in _LONGROPE_FACTORS:
             continue  # read into the config's rope scaling
         name = hf_name(tensor.name, arch)
         values = dequantize(tensor)
@@ -228,7 +241,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
-    names = _GEMMA_LAYER_NAMES if arch.startswith("gemma") else _LAYER_NAMES
+    names = _GEMMA_LAYER_NAMES if arch.startswith("gemma") else _PHI3_LAYER_NAMES if arch == "phi3" else _LAYER_NAMES
     block, layer, part = (base.split(".", 2) + ["", ""])[:3]
     if block != "blk" or not layer.isdigit() or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")

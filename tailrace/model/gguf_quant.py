@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
 from tailrace.model import gguf
-from tailrace.model.llama import LlamaForCausalLM
+from tailrace.model.llama import LlamaForCausalLM, qkv_row_order
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for
 
 MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
@@ -36,6 +36,9 @@ _PROJECTION_PARTS = {
     ("mlp", "gate_up_proj"): ("ffn_gate", "ffn_up"),
     ("mlp", "down_proj"): ("ffn_down",),
 }
+# A projection -> the one GGUF tensor that holds it whole where a file has not its parts: Phi-3's
+# attn_qkv, and its ffn_up holding gate and up.
+_FUSED_TENSORS = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
 
 
 def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
@@ -44,13 +47,18 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
     the loader dequantized. CPU only (the integer kernels are). Returns the replaced projections' names."""
     tensors = {t.name: t for t in reader.tensors}
     rotary_heads = _rotary_heads(reader)
+    config = model.config
+    qkv_order = None if config.rotary_dim == config.head_dim else qkv_row_order(config).numpy()
     replaced = []
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = getattr(layer, block)
             bias = getattr(parent, name).bias
+            if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
+                parts = (_FUSED_TENSORS[name],)  # Phi-3's
             module = stacked_linear([tensors[f"blk.{i}.{part}.weight"] for part in parts], rotary_heads,
-                                 None if bias is None else bias.detach())
+                                    None if bias is None else bias.detach(),
+                                    qkv_order if name == "qkv_proj" else None)
             if module is not None:
                 setattr(parent, name, module)
                 replaced.append(f"model.layers.{i}.{block}.{name}")
@@ -62,10 +70,11 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
 
 
 def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
-                bias: torch.Tensor | None) -> nn.Module | None:
-    """One projection over the parts' rows stacked: rows are independent in every block format, so
-    stacking raw rows is exact, as long as the parts share one mapped type (else None). A Q4_K_M
-    file's Q6_K attn_v, for one, leaves its fused qkv_proj in float."""
+                   bias: torch.Tensor | None, row_order: np.ndarray | None = None) -> nn.Module | None:
+    """One projection over the parts' rows stacked (then in `row_order`, where given): rows are
+    independent in every block format, so stacking raw rows is exact, as long as the parts share
+    one mapped type (else None). A Q4_K_M file's Q6_K attn_v, for one, leaves its fused qkv_proj
+    in float."""
     if len({part.tensor_type for part in parts}) != 1 or parts[0].tensor_type not in MAPPED_TYPES:
         return None
     rows = []
@@ -74,6 +83,8 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
         raw = np.asarray(part.data)
         rows.append(unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw)
     raw = np.concatenate(rows)
+    if row_order is not None:
+        raw = raw[row_order]
     block_size, type_size = GGML_QUANT_SIZES[parts[0].tensor_type]
     return quantized_linear(parts[0].tensor_type, raw, (raw.shape[0], raw.shape[1] // type_size * block_size), bias)
 

@@ -1,11 +1,11 @@
 """The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 2
-and 3) over one flat batch of tokens: a Llama decoder with the features config.py reads for each
-architecture (per-layer sliding windows and rotary tables, NoPE layers, GeGLU, Gemma's sandwich
-norms, embedding scale and soft caps).
+and 3, Phi-3) over one flat batch of tokens: a Llama decoder with the features config.py reads for
+each architecture (per-layer sliding windows and rotary tables, NoPE layers, partial rotary,
+GeGLU, Gemma's sandwich norms, embedding scale and soft caps).
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj` (one matmul each instead of three and two; the loader
-concatenates them). Parameters are created uninitialised: `loader.load_model` fills them.
+concatenates them, or reads them so from a Phi-3 checkpoint). Parameters are created uninitialised: `loader.load_model` fills them.
 """
 
 from __future__ import annotations
@@ -70,12 +70,16 @@ class RMSNorm(Module):
 
 
 def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch.Tensor:
-    """Per-pair rotation frequencies [head_dim / 2], float32: the global table's with the configured
+    """Per-pair rotation frequencies [rotary_dim / 2], float32: the global table's with the configured
     scaling, or the local one's (config.local_rope_theta, unscaled)."""
-    dim = config.head_dim
+    dim = getattr(config, "rotary_dim", config.head_dim)
     theta = config.rope_theta if kind == "global" else config.local_rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     scaling = config.rope_scaling if kind == "global" else None
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        factors = torch.tensor(scaling["long_factor" if scaling["long"] else "short_factor"], dtype=torch.float32)
+        return 1.0 / (factors * theta**exponents)
+    inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
     if scaling["rope_type"] == "linear":
@@ -98,19 +102,64 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 class Rotary(Module):
     """cos/sin tables for every position up to max_position_embeddings, built once in float32,
-    each as wide as a head: cos repeated for both halves, sin negated for the first half."""
+    each as wide as a head: cos repeated for both halves, sin negated for the first half (times
+    LongRoPE's attention factor, as the reference scales them).
+
+    A partial rotary (Phi-3: the first rotary_dim dims of a head turn, in pairs rotary_dim / 2
+    apart) is the full rotation of a head whose q/k dims are reordered (rotary_order): the turning
+    pairs come first in each half, the others after them with cos 1 and sin 0, exactly unchanged.
+    q . k is the same sum in any order of dims, so every rotary kernel serves it as it is."""
 
     def __init__(self, config: ModelConfig, kind: str = "global") -> None:
         super().__init__()
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inverse_frequencies(config, kind))
         cos, sin = freqs.cos(), freqs.sin()
+        scaling = config.rope_scaling if kind == "global" else None
+        if scaling is not None and "attention_factor" in scaling:
+            cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
+        still = (config.head_dim - getattr(config, "rotary_dim", config.head_dim)) // 2
+        cos = F.pad(cos, (0, still), value=1.0)
+        sin = F.pad(sin, (0, still), value=0.0)
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # [T, 1, D]: broadcast over heads
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """The order of a head's q/k dims that makes a partial rotary a full one (see Rotary): the
+    turning first halves, the still dims' first half, the turning second halves, the rest."""
+    half, still = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    turning = torch.arange(rotary_dim)
+    rest = torch.arange(rotary_dim, head_dim)
+    return torch.cat((turning[:half], rest[:still], turning[half:], rest[still:]))
+
+
+def qkv_row_order(config: ModelConfig) -> torch.Tensor:
+    """The fused q/k/v projection's rows with each q and k head's dims in rotary_order."""
+    dim, qk_heads = config.head_dim, config.num_attention_heads + config.num_key_value_heads
+    rows = (torch.arange(qk_heads)[:, None] * dim + rotary_order(dim, config.rotary_dim)).flatten()
+    return torch.cat((rows, torch.arange(qk_heads * dim, (qk_heads + config.num_key_value_heads) * dim)))
+
+
+def reorder_rotary_dims(model: LlamaForCausalLM) -> None:
+    """A partial rotary's q/k dims put in rotary_order (see Rotary), in place: the projection's rows
+    (and bias), and per-head q/k norms."""
+    config = model.config
+    if config.rotary_dim == config.head_dim:
+        return
+    rows, dims = qkv_row_order(config), rotary_order(config.head_dim, config.rotary_dim)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for param, order in ((attn.qkv_proj.weight, rows), (attn.qkv_proj.bias, rows),
+                                 (getattr(attn.q_norm, "weight", None), dims),
+                                 (getattr(attn.k_norm, "weight", None), dims)):
+                if param is not None:
+                    param.copy_(param[order])
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 
 from tailrace.model import bf16_linear, gguf
-from tailrace.model.config import ModelConfig, load_model_config
+from tailrace.model.config import ModelConfig, limit_context, load_model_config
 from tailrace.model.gguf_quant import use_gguf_blocks
 from tailrace.model.hub import is_gguf
-from tailrace.model.llama import LlamaForCausalLM, RMSNorm
+from tailrace.model.llama import LlamaForCausalLM, RMSNorm, reorder_rotary_dims
 from tailrace.model.quant import quantize_model
 from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
@@ -35,16 +35,17 @@ _FUSED_PARTS = {
 
 def load_model(
     path: str, dtype: str = "auto", load_format: str = "auto", device: str = "cpu", seed: int = 0,
-    quantization: str | None = None, shard: Shard | None = None,
+    quantization: str | None = None, shard: Shard | None = None, max_model_len: int | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """`path`: a checkpoint directory or a .gguf file (its tensors dequantized to `dtype`). dtype "auto":
     see resolve_dtype; load_format "dummy" needs only the config; quantization
     "int8" / "int4" quantizes the projections after loading (see quant). With a `shard`, the model is
     that tensor-parallel rank's part (tp_shard), read from the checkpoint alone; the config returned
-    is the whole model's."""
+    is the whole model's. `max_model_len` caps the context served (config.limit_context)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; supported: {', '.join(LOAD_FORMATS)}")
     config = load_model_config(path)
+    limit_context(config, max_model_len)
     torch_dtype = resolve_dtype(dtype, device, config.torch_dtype)
     if shard is not None:
         check_shardable(config, shard.size)
@@ -57,6 +58,7 @@ def load_model(
             reader = gguf.open_gguf(path)
             tensors = gguf.checkpoint_tensors(reader)
             load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard))
+            reorder_rotary_dims(model)
             if quantization is not None and shard is None:
                 use_gguf_blocks(model, reader)  # the file's own codes where they map; quantize_model does the rest
         else:
@@ -68,6 +70,7 @@ def load_model(
             else:
                 load_tensors(model, shard_tensors(safetensors_tensors(checkpoint_files(path), lazy=True), config, shard),
                              offset)
+            reorder_rotary_dims(model)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
@@ -143,7 +146,8 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     """Copy every (Hugging Face name, tensor) into its (possibly fused) parameter, casting to the
     model dtype; each norm's weight first has `norm_offset` added (in float32)."""
     params = dict(model.named_parameters())
-    expected = _checkpoint_names(params)
+    sources = _checkpoint_names(params)
+    expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
@@ -156,7 +160,9 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
             tensor = tensor[...].float() + norm_offset
         _copy_into(params, name, tensor, model.config)
         loaded.add(name)
-    missing = sorted(expected - loaded)
+    # each parameter from one of its sources, whole (Phi-3's qkv_proj) or in parts (q/k/v_proj)
+    missing = sorted(name for options in sources.values() if not any(set(names) <= loaded for names in options)
+                     for name in options[-1] if name not in loaded)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint does not match {model.config.architecture}: "
@@ -164,18 +170,16 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         )
 
 
-def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> set[str]:
-    """The checkpoint tensor names the model needs: fused parameters expand into their parts."""
-    names = set()
+def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[list[str]]]:
+    """For each parameter, the sets of checkpoint tensors it may come from: itself, or for a fused
+    projection also its parts (listed last: what a missing parameter is reported as)."""
+    sources = {}
     for name in params:
         module, _, kind = name.rpartition(".")
         prefix, _, projection = module.rpartition(".")
-        parts = [part for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
-        if parts:
-            names.update(f"{prefix}.{part}.{kind}" for part in parts)
-        else:
-            names.add(name)
-    return names
+        parts = [f"{prefix}.{part}.{kind}" for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
+        sources[name] = [[name], parts] if parts else [[name]]
+    return sources
 
 
 def _ignored(name: str, config: ModelConfig) -> bool:

@@ -56,7 +56,15 @@ ARCHITECTURES = {
                     final_logit_softcapping=3.0)),
     "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,  # layers 0-4 sliding, 5 full
                dict(num_hidden_layers=6, sliding_window=WINDOW, query_pre_attn_scalar=32)),
+    # Phi-4-mini's shape of rope: 3/4 of each head turns, LongRoPE; served within the pretrained
+    # context (SERVE_ARGS), so by its short factors, as transformers runs a short sequence.
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
+             dict(num_hidden_layers=2, hidden_size=128, max_position_embeddings=512, original_max_position_embeddings=128,
+                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                   "long_factor": [1.0 + i / 4 for i in range(12)],
+                                   "short_factor": [1.0 + i / 16 for i in range(12)]})),
 }
+SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [
     [5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9],
     [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
@@ -82,11 +90,13 @@ def save_checkpoint(directory: Path, name: str) -> transformers.PreTrainedModel:
     # as a string or an AddedToken, not the plain dict older configs hold
     settings = json.loads((directory / "tokenizer_config.json").read_text())
     settings["eos_token"] = IM_END
+    if name == "phi3":  # what llama.cpp's converter takes for a byte-level BPE Phi-3 (Phi-4's)
+        settings["tokenizer_class"] = "GPT2Tokenizer"
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
     if name == "gemma2":  # llama.cpp converts Gemma 2's SentencePiece vocabulary only
         save_sentencepiece_model(directory / "tokenizer.model")
     vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
-    config = config_class(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2, **SMALL, **extra)
+    config = config_class(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2, **{**SMALL, **extra})
     config._attn_implementation = "eager"  # the soft cap's reference
     torch.manual_seed(0)
     model = model_class(config).float().eval()
@@ -137,7 +147,8 @@ def served(request, tmp_path_factory: pytest.TempPathFactory, converter: Path) -
     gguf = directory / f"{request.param}.gguf"
     subprocess.run(llamacpp.convert_command(converter, directory / "model", "f32", gguf), check=True,
                    capture_output=True)
-    common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param]
+    common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param,
+              *SERVE_ARGS.get(request.param, [])]
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(contextlib.contextmanager(serving)([str(path), *common], directory / log))
                 for path, log in ((directory / "model", "server.log"), (gguf, "gguf-server.log"))]
