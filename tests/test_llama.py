@@ -56,6 +56,14 @@ ARCHITECTURES = {
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=6)),
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,  # half of each head turns; a window
              dict(partial_rotary_factor=0.5, sliding_window=7, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,  # layer 1 dense
+                  dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[1],
+                       norm_topk_prob=True)),
+    "qwen3_moe_unnormalised": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                               dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                                    norm_topk_prob=False)),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                dict(num_local_experts=4, num_experts_per_tok=2)),
 }
 
 

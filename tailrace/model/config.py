@@ -23,6 +23,8 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Phi3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
 }
 
 # Configs built by hand (not saved from a model) name no architecture, only a model_type.
@@ -35,6 +37,8 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 # Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
 # attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
@@ -79,11 +83,21 @@ class ModelConfig:
     attention_scale: float = 0.0  # q.k times this; 0: head_dim ** -0.5
     attention_softcap: float | None = None  # scores through cap * tanh(score / cap)
     final_logit_softcap: float | None = None  # logits likewise
+    # Mixture of experts: per layer, whether its MLP is num_experts experts of moe_intermediate_size,
+    # each token through the experts_per_token its router ranks first (their weights renormalised
+    # to sum 1 with norm_topk_prob; kept in float32 with router_float32, as Mixtral's reference does).
+    layer_moe: list[bool] = field(default_factory=list)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    router_float32: bool = False
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
         self.layer_windows = self.layer_windows or [None] * layers
         self.layer_rope = self.layer_rope or ["global"] * layers
+        self.layer_moe = self.layer_moe or [False] * layers
         self.attention_scale = self.attention_scale or self.head_dim**-0.5
         self.rotary_dim = self.rotary_dim or self.head_dim
 
@@ -141,7 +155,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
         # Qwen2 always has q/k/v biases and its config has no flag for them.
         attention_bias=architecture == "Qwen2ForCausalLM" or raw.get("attention_bias", False),
-        qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_id_list(raw.get("eos_token_id")),
@@ -156,6 +170,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         attention_scale=raw["query_pre_attn_scalar"] ** -0.5 if gemma else head_dim**-0.5,
         attention_softcap=raw.get("attn_logit_softcapping") if gemma else None,
         final_logit_softcap=raw.get("final_logit_softcapping") if gemma else None,
+        **_experts(raw, architecture, layers),
     )
 
 
@@ -228,6 +243,27 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
             scaling["attention_factor"] = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
         scaling["long"] = max_positions > original
     return float(theta), {"rope_type": rope_type, **scaling}, local, fraction
+
+
+def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, Any]:
+    """The MoE fields: Qwen3-MoE's layers are sparse but for mlp_only_layers, every
+    decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k."""
+    experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
+    if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM") or not experts:
+        return {}
+    mixtral = architecture == "MixtralForCausalLM"
+    dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
+    top_k = raw["num_experts_per_tok"]
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
+    return {
+        "layer_moe": [mixtral or (i not in dense and (i + 1) % step == 0) for i in range(layers)],
+        "num_experts": experts,
+        "experts_per_token": top_k,
+        "moe_intermediate_size": raw["intermediate_size"] if mixtral else raw["moe_intermediate_size"],
+        "norm_topk_prob": mixtral or raw.get("norm_topk_prob", False),
+        "router_float32": mixtral,
+    }
 
 
 def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:

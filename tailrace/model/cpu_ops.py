@@ -25,7 +25,7 @@ from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, packable
 from tailrace.model.huge_pages import Arena
 from tailrace.model.int_linear import IntLinear
-from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, RMSNorm,
+from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
                                   replace_elementwise)
 from tailrace.model.paged_attention import PagedKVCache
 
@@ -133,6 +133,8 @@ def _kernel_norm(norm: Module, eps: float) -> bool:
 
 def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...]) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
+    if isinstance(mlp, MoE):  # decoder.cpp has no experts yet: module by module
+        return False
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
     if attn.q_norm is not None:

@@ -22,7 +22,7 @@ from gguf.quants import dequantize as dequantize_blocks
 # general.architecture -> the Hugging Face architecture it is.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
 PERMUTED_ARCHITECTURES = ("llama", "smollm3")
@@ -46,6 +46,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # a mixture of experts' router, and its experts stacked [experts, out, in]
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.gate_exps",
+    "ffn_up_exps": "mlp.up_exps",
+    "ffn_down_exps": "mlp.down_exps",
 }
 # Gemma's sandwich norms: ffn_norm is the MLP's input norm, which Gemma calls pre_feedforward.
 _GEMMA_LAYER_NAMES = {
@@ -110,11 +115,14 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         raise ValueError("GGUF file has no token_embd.weight tensor")
     hidden, heads = value("embedding_length"), value("attention.head_count")
     eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
-    return {**_architecture_config(arch, value), **{
-        "architectures": [ARCHITECTURES[arch]],
+    experts = _experts_config(arch, value, tensors)
+    # llama.cpp's converter writes Mixtral as llama with experts
+    name = "MixtralForCausalLM" if arch == "llama" and experts else ARCHITECTURES[arch]
+    return {**_architecture_config(arch, value), **experts, **{
+        "architectures": [name],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
-        "intermediate_size": value("feed_forward_length"),
+        "intermediate_size": value("feed_forward_length", 0),
         "num_hidden_layers": value("block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": value("attention.head_count_kv", heads),
@@ -127,6 +135,19 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
         "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
     }}
+
+
+def _experts_config(arch: str, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
+    """A mixture of experts' config: a layer is sparse where the file has its router
+    (ffn_gate_inp); llama.cpp always renormalises the top k."""
+    experts = value("expert_count", 0)
+    if not experts:
+        return {}
+    layers = value("block_count")
+    return {"num_experts": experts, "num_experts_per_tok": value("expert_used_count"),
+            "moe_intermediate_size": value("expert_feed_forward_length", None) or value("feed_forward_length"),
+            "norm_topk_prob": True, "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]}
 
 
 def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
@@ -170,7 +191,8 @@ def _rope_scaling(reader: GGUFReader, arch: str, tensors: dict[str, ReaderTensor
     if _ROPE_FREQS in tensors:
         return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
     if all(name in tensors for name in _LONGROPE_FACTORS):  # Phi-3's LongRoPE, its factors as tensors
-        scaling = {key: np.array(tensors[name].data, dtype=np.float32).tolist() for name, key in _LONGROPE_FACTORS.items()}
+        scaling = {key: np.array(tensors[name].data, dtype=np.float32).tolist()
+                   for name, key in _LONGROPE_FACTORS.items()}
         return {"rope_type": "longrope", **scaling,
                 "original_max_position_embeddings": metadata(reader, f"{arch}.rope.scaling.original_context_length"),
                 "attention_factor": metadata(reader, f"{arch}.rope.scaling.attn_factor", None)}
@@ -229,6 +251,11 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
             continue  # read into the config's rope scaling
         name = hf_name(tensor.name, arch)
         values = dequantize(tensor)
+        if name.endswith("_exps.weight"):  # [experts, out, in]: each expert's as its own tensor
+            layer, _, part = name.removesuffix("_exps.weight").rpartition(".")
+            for expert, weight in enumerate(values):
+                yield f"{layer}.experts.{expert}.{part}_proj.weight", weight
+            continue
         if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = unpermute_rotary(values, heads)
         elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):

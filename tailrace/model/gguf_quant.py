@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
 from tailrace.model import gguf
-from tailrace.model.llama import LlamaForCausalLM, qkv_row_order
+from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for
 
 MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
@@ -53,6 +53,8 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = getattr(layer, block)
+            if isinstance(parent, MoE):  # its experts stay as the loader dequantized them
+                continue
             bias = getattr(parent, name).bias
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
                 parts = (_FUSED_TENSORS[name],)  # Phi-3's

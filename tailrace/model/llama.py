@@ -1,7 +1,7 @@
-"""The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 2
-and 3, Phi-3) over one flat batch of tokens: a Llama decoder with the features config.py reads for
-each architecture (per-layer sliding windows and rotary tables, NoPE layers, partial rotary,
-GeGLU, Gemma's sandwich norms, embedding scale and soft caps).
+"""The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, Qwen3-MoE,
+Mixtral, SmolLM3, Gemma 2 and 3, Phi-3) over one flat batch of tokens: a Llama decoder with the
+features config.py reads for each architecture (per-layer sliding windows and rotary tables, NoPE
+layers, partial rotary, GeGLU, Gemma's sandwich norms, embedding scale, soft caps, experts).
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj` (one matmul each instead of three and two; the loader
@@ -234,6 +234,44 @@ class MLP(Module):
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
+class MoE(Module):
+    """A mixture of experts: the router ranks num_experts experts for each token (softmax in
+    float32), and the token's output is its experts_per_token best experts' SwiGLU outputs, each
+    times its router weight, summed in expert order. Each expert runs once a step on the tokens
+    that chose it, reading only its own weights: the others' are not touched. The experts' weights
+    are stacked, gate and up fused: experts_gate_up [experts, 2 * I, hidden], experts_down
+    [experts, hidden, I]."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        experts, width, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.gate = Linear(width, experts, False, dtype)  # the router
+        self.experts_gate_up = _empty(experts, 2 * inner, width, dtype=dtype)
+        self.experts_down = _empty(experts, width, inner, dtype=dtype)
+        self.top_k, self.normalize = config.experts_per_token, config.norm_topk_prob
+        self.router_float32 = config.router_float32
+        self.act = config.hidden_act
+        self.act_and_mul = ACT_AND_MUL[self.act]  # model/cpu_ops.py puts a one-call kernel here on CPU
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
+        out = torch.zeros_like(x)
+        # each expert with the rows (and which of their top-k slots) that chose it, in expert order
+        for expert in chosen.unique().tolist():
+            rows, slot = (chosen == expert).nonzero(as_tuple=True)
+            y = F.linear(self.act_and_mul(F.linear(x[rows], self.experts_gate_up[expert])), self.experts_down[expert])
+            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(x.dtype))
+        return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's experts_per_token router weights and experts [T, k]."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights if self.router_float32 else weights.to(x.dtype)), chosen
+
+
 class DecoderLayer(Module):
     """Llama's layer norms each block's input: post_attention_layernorm is the MLP's. With sandwich
     norms (Gemma) post_attention_layernorm norms the attention's output, pre_feedforward_layernorm
@@ -247,7 +285,7 @@ class DecoderLayer(Module):
         self.post_attention_layernorm = RMSNorm(width, eps, dtype)
         self.pre_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
         self.post_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
-        self.mlp = MLP(config, dtype)
+        self.mlp = MoE(config, dtype) if config.layer_moe[layer] else MLP(config, dtype)
 
     def forward(
         self,
@@ -355,7 +393,7 @@ def replace_elementwise(model: LlamaForCausalLM, norm: Callable[[RMSNorm], Modul
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rotate
-        elif isinstance(module, MLP):
+        elif isinstance(module, (MLP, MoE)):
             module.act_and_mul = act_and_mul[module.act]
     return model
 

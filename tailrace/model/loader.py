@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -151,6 +152,7 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
+        name = _canonical(name)
         if _ignored(name, model.config):
             continue
         if name not in expected:
@@ -172,14 +174,33 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
 
 def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[list[str]]]:
     """For each parameter, the sets of checkpoint tensors it may come from: itself, or for a fused
-    projection also its parts (listed last: what a missing parameter is reported as)."""
+    projection also its parts, for stacked experts each expert's (listed last: what a missing
+    parameter is reported as)."""
     sources = {}
-    for name in params:
+    for name, param in params.items():
         module, _, kind = name.rpartition(".")
         prefix, _, projection = module.rpartition(".")
         parts = [f"{prefix}.{part}.{kind}" for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
+        if kind in _EXPERT_FUSED:
+            parts = [f"{module}.experts.{e}.{part}.weight" for e in range(param.shape[0])
+                     for part, (fused, _) in _EXPERT_PARTS.items() if fused == kind]
         sources[name] = [[name], parts] if parts else [[name]]
     return sources
+
+
+def _canonical(name: str) -> str:
+    """A checkpoint name as the loader knows it: Mixtral's experts named as Qwen3-MoE's
+    (block_sparse_moe -> mlp, w1 / w3 / w2 -> gate_proj / up_proj / down_proj), transformers 5's
+    stacked experts (mlp.experts.gate_up_proj, mlp.experts.down_proj) as the model's."""
+    if ".block_sparse_moe." in name:
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
+            name = name.replace(old, new)
+    for old, new in ((".mlp.experts.gate_up_proj", ".mlp.experts_gate_up"),
+                     (".mlp.experts.down_proj", ".mlp.experts_down")):
+        if name.endswith(old):
+            return name[: -len(old)] + new
+    return name
 
 
 def _ignored(name: str, config: ModelConfig) -> bool:
@@ -190,7 +211,15 @@ def _ignored(name: str, config: ModelConfig) -> bool:
 def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
     module, _, kind = name.rpartition(".")
     prefix, _, projection = module.rpartition(".")
-    if projection in _FUSED_PARTS:
+    expert = _EXPERT.match(name)
+    if expert is not None:  # one expert's projection, into its row of the stacked experts
+        layer, index, projection = expert.group(1), int(expert.group(2)), expert.group(3)
+        fused, part = _EXPERT_PARTS[projection]
+        target = params[f"{layer}.{fused}"][index]
+        if fused == "experts_gate_up":
+            inner = config.moe_intermediate_size
+            target = target.narrow(0, part * inner, inner)
+    elif projection in _FUSED_PARTS:
         fused, part = _FUSED_PARTS[projection]
         target = params[f"{prefix}.{fused}.{kind}"]
         start, size = _part_rows(fused, part, config)
@@ -200,6 +229,13 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
     if target.shape != tensor.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
     target.copy_(tensor)
+
+
+# An expert's projection -> (the stacked parameter, index of its part there)
+_EXPERT_PARTS = {"gate_proj": ("experts_gate_up", 0), "up_proj": ("experts_gate_up", 1),
+                 "down_proj": ("experts_down", 0)}
+_EXPERT_FUSED = {fused for fused, _ in _EXPERT_PARTS.values()}
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def _part_rows(fused: str, part: int, config: ModelConfig) -> tuple[int, int]:

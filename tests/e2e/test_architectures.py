@@ -1,8 +1,8 @@
 """Each architecture beyond Llama's, proven through the real server against `transformers`: a
 random checkpoint of a small config (written here by transformers itself, with what sets the
 architecture apart switched on and mattering: windows shorter than the prompts, NoPE layers, soft
-caps that bite), served at float32 from its safetensors and from the GGUF llama.cpp's own
-converter makes of it.
+caps that bite, experts each token picks among), served at float32 from its safetensors and from
+the GGUF llama.cpp's own converter makes of it.
 
 - greedy tokens are transformers' greedy tokens, and each token's logprob is within LOGPROB_ATOL
   of transformers' log-softmax (float32 on both sides: the sums differ only in order), from
@@ -59,10 +59,17 @@ ARCHITECTURES = {
     # Phi-4-mini's shape of rope: 3/4 of each head turns, LongRoPE; served within the pretrained
     # context (SERVE_ARGS), so by its short factors, as transformers runs a short sequence.
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
-             dict(num_hidden_layers=2, hidden_size=128, max_position_embeddings=512, original_max_position_embeddings=128,
+             dict(num_hidden_layers=2, hidden_size=128, max_position_embeddings=512,
+                  original_max_position_embeddings=128,
                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                                    "long_factor": [1.0 + i / 4 for i in range(12)],
                                    "short_factor": [1.0 + i / 16 for i in range(12)]})),
+    # every layer sparse and the top k renormalised, as llama.cpp takes them
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  dict(num_hidden_layers=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+                       norm_topk_prob=True)),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [

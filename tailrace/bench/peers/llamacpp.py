@@ -95,7 +95,8 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None)
         converted.parent.mkdir(exist_ok=True)
         partial = converted.with_suffix(".partial")
         step(NAME, f"converting {model_dir} to {converted.name}",
-             convert_command(tree(directory), model_dir, outtype, partial, directory / "convert-venv" / "bin" / "python"))
+             convert_command(tree(directory), model_dir, outtype, partial,
+                             directory / "convert-venv" / "bin" / "python"))
         partial.rename(converted)  # only a whole file counts as cached
     if quant is None:
         return converted
