@@ -64,6 +64,12 @@ ARCHITECTURES = {
                                     norm_topk_prob=False)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_local_experts=4, num_experts_per_tok=2)),
+    # sinks, biases everywhere, YaRN, alternate windows, the top k's own softmax, a capped SwiGLU
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM,
+                dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5,
+                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 32,
+                                      "rope_theta": 150000.0})),
 }
 
 
@@ -76,8 +82,8 @@ def _randomize(model: torch.nn.Module) -> None:
                 param.uniform_(0.5, 1.5)
                 if model.config.model_type.startswith("gemma"):
                     param.sub_(1.0)
-            elif name.endswith("bias"):
-                param.normal_(0.0, 0.1)
+            elif name.endswith("bias") or name.endswith("sinks"):
+                param.normal_(0.0, 0.1 if name.endswith("bias") else 1.0)
 
 
 def _save_checkpoint(root, name: str):

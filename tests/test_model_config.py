@@ -43,9 +43,30 @@ def test_default_rope_type_means_no_scaling():
     assert parse(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}).rope_scaling is None
 
 
-def test_unknown_rope_type_is_rejected():
-    with pytest.raises(ValueError, match="yarn"):
-        parse(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+def test_unknown_rope_type_is_rejected_naming_the_supported():
+    with pytest.raises(ValueError, match="'dynamic'; supported: linear, llama3, longrope, yarn"):
+        parse(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+
+
+def test_yarn_attention_factor_from_the_factor_or_the_mscales():
+    yarn = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
+    assert parse(rope_scaling=yarn).rope_scaling["attention_factor"] == pytest.approx(0.1 * math.log(32) + 1)
+    scaled = parse(rope_scaling={**yarn, "mscale": 2.0, "mscale_all_dim": 1.0}).rope_scaling
+    assert scaled["attention_factor"] == pytest.approx((0.2 * math.log(32) + 1) / (0.1 * math.log(32) + 1))
+
+
+def test_gpt_oss_experts_sinks_and_biases():
+    config = parse(architectures=["GptOssForCausalLM"], num_local_experts=32, num_experts_per_tok=4,
+                   attention_bias=True, sliding_window=128, layer_types=["sliding_attention", "full_attention"])
+    assert (config.num_experts, config.experts_per_token, config.moe_intermediate_size) == (32, 4, 128)
+    assert config.layer_moe == [True, True] and config.layer_windows == [128, None]
+    assert (config.hidden_act, config.swiglu_alpha, config.swiglu_limit) == ("swiglu_oai", 1.702, 7.0)
+    assert config.attention_sinks and config.attention_out_bias and config.moe_bias and config.router_topk_first
+
+
+def test_a_moe_picking_more_experts_than_it_has_is_refused():
+    with pytest.raises(ValueError, match="num_experts_per_tok 9"):
+        parse(architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=9, moe_intermediate_size=16)
 
 
 def test_unsupported_architecture_is_rejected_by_name():

@@ -53,6 +53,7 @@ class LayerAttention:
     scale: float
     window: int | None = None
     softcap: float | None = None
+    sinks: bool = False  # each head's learned logit joins its softmax (the tensor comes with each call)
 
 
 @dataclass(slots=True)
@@ -94,8 +95,8 @@ class _Step:
 
 
 def plain_attention(how: LayerAttention, head_dim: int) -> bool:
-    """Every position seen, at the usual scale, scores uncapped."""
-    return how.window is None and how.softcap is None and how.scale == head_dim**-0.5
+    """Every position seen, at the usual scale, scores uncapped, no sinks."""
+    return how.window is None and how.softcap is None and not how.sinks and how.scale == head_dim**-0.5
 
 
 def new_pages(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -200,10 +201,11 @@ class KVCache:
     @torch.inference_mode()
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch,
-        how: LayerAttention | None = None,
+        how: LayerAttention | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence.
-        The slab attends at head_dim ** -0.5 over every position: `how` may ask for no more."""
+        The slab attends at head_dim ** -0.5 over every position: `how` may ask for no more (and
+        so `sinks` is None)."""
         if how is not None and not plain_attention(how, self.head_dim):
             raise ValueError(f"the slab KV cache does not take {how}; the paged cache does")
         step = self._step

@@ -25,6 +25,7 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
+    "GptOssForCausalLM",
 }
 
 # Configs built by hand (not saved from a model) name no architecture, only a model_type.
@@ -39,14 +40,16 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "phi3": "Phi3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 # Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
 # attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
 # query_pre_attn_scalar.
 _GEMMA = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+_GPT_OSS = "GptOssForCausalLM"
 
-SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope"}
+SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class ModelConfig:
     sandwich_norms: bool = False  # attention's and MLP's outputs normed before their residual adds
     attention_scale: float = 0.0  # q.k times this; 0: head_dim ** -0.5
     attention_softcap: float | None = None  # scores through cap * tanh(score / cap)
+    attention_sinks: bool = False  # a learned logit per head joins each softmax, then is dropped (gpt-oss)
+    attention_out_bias: bool = False  # o_proj has a bias (gpt-oss)
     final_logit_softcap: float | None = None  # logits likewise
     # Mixture of experts: per layer, whether its MLP is num_experts experts of moe_intermediate_size,
     # each token through the experts_per_token its router ranks first (their weights renormalised
@@ -92,6 +97,12 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     router_float32: bool = False
+    # gpt-oss: the router has a bias and softmaxes its top k logits (in the dtype); the experts have
+    # biases and gate as swiglu_oai (hidden_act) with swiglu_alpha and swiglu_limit.
+    moe_bias: bool = False
+    router_topk_first: bool = False
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
@@ -136,6 +147,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     max_positions = raw.get("max_position_embeddings", 2048)
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
     gemma = architecture in _GEMMA
+    experts = _experts(raw, architecture, layers)
     window = raw.get("sliding_window")
     if window is not None and window >= max_positions:  # it never bites
         window = None
@@ -163,14 +175,16 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         layer_rope=_layer_rope(raw, architecture, layer_types, local_theta),
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
-        hidden_act=_ACTIVATIONS[act],
+        hidden_act=experts.pop("hidden_act", _ACTIVATIONS[act]),
         norm_weight_offset=1.0 if gemma else 0.0,
         embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else 1.0,
         sandwich_norms=gemma,
         attention_scale=raw["query_pre_attn_scalar"] ** -0.5 if gemma else head_dim**-0.5,
         attention_softcap=raw.get("attn_logit_softcapping") if gemma else None,
         final_logit_softcap=raw.get("final_logit_softcapping") if gemma else None,
-        **_experts(raw, architecture, layers),
+        attention_sinks=architecture == _GPT_OSS,
+        attention_out_bias=architecture == _GPT_OSS,
+        **experts,
     )
 
 
@@ -235,6 +249,12 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))}"
         )
+    if rope_type == "yarn":
+        scaling.setdefault("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+        factor = scaling.get("factor") or max_positions / scaling["original_max_position_embeddings"]
+        scaling["factor"] = factor
+        if scaling.get("attention_factor") is None:
+            scaling["attention_factor"] = _yarn_mscale(factor, scaling.get("mscale"), scaling.get("mscale_all_dim"))
     if rope_type == "longrope":
         original = scaling.setdefault("original_max_position_embeddings",
                                       raw.get("original_max_position_embeddings", max_positions))
@@ -249,11 +269,16 @@ def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, A
     """The MoE fields: Qwen3-MoE's layers are sparse but for mlp_only_layers, every
     decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k."""
     experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
-    if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM") or not experts:
+    if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", _GPT_OSS) or not experts:
         return {}
+    top_k = raw["num_experts_per_tok"]
+    if architecture == _GPT_OSS:
+        return {"layer_moe": [True] * layers, "num_experts": experts, "experts_per_token": top_k,
+                "moe_intermediate_size": raw["intermediate_size"], "moe_bias": True, "router_topk_first": True,
+                "hidden_act": "swiglu_oai", "swiglu_alpha": raw.get("swiglu_alpha", 1.702),
+                "swiglu_limit": raw.get("swiglu_limit", 7.0)}
     mixtral = architecture == "MixtralForCausalLM"
     dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
-    top_k = raw["num_experts_per_tok"]
     if not 0 < top_k <= experts:
         raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
     return {
@@ -264,6 +289,14 @@ def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, A
         "norm_topk_prob": mixtral or raw.get("norm_topk_prob", False),
         "router_float32": mixtral,
     }
+
+
+def _yarn_mscale(factor: float, mscale: float | None, mscale_all_dim: float | None) -> float:
+    """YaRN's attention factor, as transformers works it out."""
+    def get(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    return get(factor, mscale) / get(factor, mscale_all_dim) if mscale and mscale_all_dim else get(factor)
 
 
 def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:

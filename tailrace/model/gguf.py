@@ -22,12 +22,12 @@ from gguf.quants import dequantize as dequantize_blocks
 # general.architecture -> the Hugging Face architecture it is.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "gpt-oss": "GptOssForCausalLM"}
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
 PERMUTED_ARCHITECTURES = ("llama", "smollm3")
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
-                     Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+                     Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -59,6 +59,9 @@ _GEMMA_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# gpt-oss: post_attention_norm is the MLP's input norm, as Llama names it; a sink logit per head.
+_GPT_OSS_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                        "attn_sinks": "self_attn.sinks"}
 # Phi-3 keeps q/k/v in one tensor, and gate and up in ffn_up.
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
@@ -158,6 +161,10 @@ def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
     hidden / heads on the 27B models), and SmolLM3's layers without rope (every 4th)."""
     if arch == "smollm3":
         return {"no_rope_layer_interval": 4}
+    if arch == "gpt-oss":  # llama.cpp's rules: layer 0 sliding, then every other; biases everywhere
+        layers = value("block_count")
+        return {"attention_bias": True, "sliding_window": value("attention.sliding_window"),
+                "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
     if arch == "phi3":  # rope.dimension_count: the dims of a head that rotate
         head_dim = value("embedding_length") // value("attention.head_count")
         return {"partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim,
@@ -203,6 +210,11 @@ def _rope_scaling(reader: GGUFReader, arch: str, tensors: dict[str, ReaderTensor
     original = metadata(reader, f"{arch}.rope.scaling.original_context_length", None)
     if original is not None:
         scaling["original_max_position_embeddings"] = original
+    if kind == "yarn":
+        for key in ("beta_fast", "beta_slow"):
+            scaling[key] = metadata(reader, f"{arch}.rope.scaling.yarn_{key}", None)
+        if arch == "gpt-oss":  # its released config's; the file does not say
+            scaling["truncate"] = False
     return scaling
 
 
@@ -246,6 +258,7 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
     arch = architecture(reader)
     heads = metadata(reader, f"{arch}.attention.head_count")
     kv_heads = metadata(reader, f"{arch}.attention.head_count_kv", heads)
+    expert_biases: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS or tensor.name in _LONGROPE_FACTORS:
             continue  # read into the config's rope scaling
@@ -256,6 +269,17 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
             for expert, weight in enumerate(values):
                 yield f"{layer}.experts.{expert}.{part}_proj.weight", weight
             continue
+        if name.endswith("_exps.bias"):  # gpt-oss's [experts, out], gate's and up's stacked as one
+            layer, _, part = name.removesuffix("_exps.bias").rpartition(".")
+            expert_biases[f"{layer}.{part}"] = values
+            if part == "down":
+                yield f"{layer}.experts_down_bias", expert_biases.pop(f"{layer}.down")
+            elif f"{layer}.gate" in expert_biases and f"{layer}.up" in expert_biases:
+                yield f"{layer}.experts_gate_up_bias", torch.cat(
+                    (expert_biases.pop(f"{layer}.gate"), expert_biases.pop(f"{layer}.up")), dim=1)
+            continue
+        if name.endswith("sinks.weight"):
+            name = name.removesuffix(".weight")
         if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = unpermute_rotary(values, heads)
         elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -268,7 +292,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
-    names = _GEMMA_LAYER_NAMES if arch.startswith("gemma") else _PHI3_LAYER_NAMES if arch == "phi3" else _LAYER_NAMES
+    names = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+             "gpt-oss": _GPT_OSS_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     block, layer, part = (base.split(".", 2) + ["", ""])[:3]
     if block != "blk" or not layer.isdigit() or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")

@@ -1,15 +1,18 @@
 """The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, Qwen3-MoE,
-Mixtral, SmolLM3, Gemma 2 and 3, Phi-3) over one flat batch of tokens: a Llama decoder with the
-features config.py reads for each architecture (per-layer sliding windows and rotary tables, NoPE
-layers, partial rotary, GeGLU, Gemma's sandwich norms, embedding scale, soft caps, experts).
+Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3) over one flat batch of tokens: a Llama decoder
+with the features config.py reads for each architecture (per-layer sliding windows and rotary
+tables, NoPE layers, partial rotary, GeGLU, Gemma's sandwich norms, embedding scale, soft caps,
+attention sinks, experts).
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj` (one matmul each instead of three and two; the loader
-concatenates them, or reads them so from a Phi-3 checkpoint). Parameters are created uninitialised: `loader.load_model` fills them.
+concatenates them, or reads them so from a Phi-3 checkpoint). Parameters are created
+uninitialised: `loader.load_model` fills them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -84,7 +87,27 @@ def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "yarn":
+        return _yarn_frequencies(theta**exponents, scaling, dim, theta)
     return _llama3_frequencies(inv_freq, scaling)
+
+
+def _yarn_frequencies(powers: torch.Tensor, scaling: dict, dim: int, theta: float) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than beta_slow times over the original context are
+    slowed by `factor`, those that turn more than beta_fast times kept, a linear ramp between.
+    powers: theta ** (2i / dim), the unscaled wavelengths over 2 pi."""
+    original = scaling["original_max_position_embeddings"]
+
+    def dims_turning(times: float) -> float:
+        return dim * math.log(original / (times * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dims_turning(scaling.get("beta_fast") or 32), dims_turning(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    kept = 1 - ramp
+    return 1.0 / (scaling["factor"] * powers) * (1 - kept) + 1.0 / powers * kept
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -181,11 +204,13 @@ class Attention(Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = [q_size + kv_size, kv_size]
         self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, config.attention_bias, dtype)
-        self.o_proj = Linear(q_size, config.hidden_size, False, dtype)
+        self.o_proj = Linear(q_size, config.hidden_size, config.attention_out_bias, dtype)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.rope = config.layer_rope[layer]  # which of the model's rotary tables, None for none
-        self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap)
+        self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap,
+                                  config.attention_sinks)
+        self.sinks = _empty(self.num_heads, dtype=dtype) if config.attention_sinks else None
         self.rotate = apply_rotary  # model/cpu_ops.py puts a one-call kernel here on CPU
 
     def forward(
@@ -205,7 +230,7 @@ class Attention(Module):
             # q and k heads rotate together: one set of elementwise ops instead of two
             qk = self.rotate(qk, *rotations[self.rope])
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        out = cache.attend(self.layer, q, k, v, batch, self.how)
+        out = cache.attend(self.layer, q, k, v, batch, self.how, self.sinks)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
 
@@ -217,6 +242,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def swiglu_oai_and_mul(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's gate: gate capped at limit, up clamped to +-limit, (up + 1) * gate * sigmoid(alpha gate)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 ACT_AND_MUL = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
@@ -245,13 +277,17 @@ class MoE(Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         experts, width, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.gate = Linear(width, experts, False, dtype)  # the router
+        self.gate = Linear(width, experts, config.moe_bias, dtype)  # the router
         self.experts_gate_up = _empty(experts, 2 * inner, width, dtype=dtype)
         self.experts_down = _empty(experts, width, inner, dtype=dtype)
+        self.experts_gate_up_bias = _empty(experts, 2 * inner, dtype=dtype) if config.moe_bias else None
+        self.experts_down_bias = _empty(experts, width, dtype=dtype) if config.moe_bias else None
         self.top_k, self.normalize = config.experts_per_token, config.norm_topk_prob
-        self.router_float32 = config.router_float32
+        self.router_float32, self.topk_first = config.router_float32, config.router_topk_first
         self.act = config.hidden_act
-        self.act_and_mul = ACT_AND_MUL[self.act]  # model/cpu_ops.py puts a one-call kernel here on CPU
+        # model/cpu_ops.py puts a one-call kernel here on CPU, where it has one for the activation
+        self.act_and_mul = ACT_AND_MUL.get(self.act) or functools.partial(
+            swiglu_oai_and_mul, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
@@ -259,14 +295,24 @@ class MoE(Module):
         # each expert with the rows (and which of their top-k slots) that chose it, in expert order
         for expert in chosen.unique().tolist():
             rows, slot = (chosen == expert).nonzero(as_tuple=True)
-            y = F.linear(self.act_and_mul(F.linear(x[rows], self.experts_gate_up[expert])), self.experts_down[expert])
+            gate_up = F.linear(x[rows], self.experts_gate_up[expert], self._bias(self.experts_gate_up_bias, expert))
+            y = F.linear(self.act_and_mul(gate_up), self.experts_down[expert],
+                         self._bias(self.experts_down_bias, expert))
             out.index_add_(0, rows, (y * weights[rows, slot, None]).to(x.dtype))
         return out
 
+    @staticmethod
+    def _bias(biases: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+        return None if biases is None else biases[expert]
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's experts_per_token router weights and experts [T, k]."""
-        probs = F.softmax(self.gate(x).float(), dim=-1)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        """Each row's experts_per_token router weights and experts [T, k]: the softmax's top k
+        (Qwen, Mixtral), or the softmax of the top k logits (gpt-oss)."""
+        logits = self.gate(x)
+        if self.topk_first:
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+            return F.softmax(top, dim=-1, dtype=top.dtype), chosen
+        weights, chosen = torch.topk(F.softmax(logits.float(), dim=-1), self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return (weights if self.router_float32 else weights.to(x.dtype)), chosen
@@ -393,7 +439,7 @@ def replace_elementwise(model: LlamaForCausalLM, norm: Callable[[RMSNorm], Modul
     for module in model.modules():
         if isinstance(module, Attention):
             module.rotate = rotate
-        elif isinstance(module, (MLP, MoE)):
+        elif isinstance(module, (MLP, MoE)) and module.act in act_and_mul:
             module.act_and_mul = act_and_mul[module.act]
     return model
 

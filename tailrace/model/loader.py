@@ -16,6 +16,7 @@ from tailrace.model.config import ModelConfig, limit_context, load_model_config
 from tailrace.model.gguf_quant import use_gguf_blocks
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import LlamaForCausalLM, RMSNorm, reorder_rotary_dims
+from tailrace.model.mxfp4 import dequantize_mxfp4
 from tailrace.model.quant import quantize_model
 from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
@@ -67,10 +68,13 @@ def load_model(
             # converter adds it, as this does).
             offset = config.norm_weight_offset
             if shard is None:
-                load_tensors(model, safetensors_tensors(checkpoint_files(path)), offset)
+                tensors = safetensors_tensors(checkpoint_files(path))
+                if config.architecture == "GptOssForCausalLM":
+                    tensors = gpt_oss_tensors(tensors)
+                load_tensors(model, tensors, offset)
             else:
-                load_tensors(model, shard_tensors(safetensors_tensors(checkpoint_files(path), lazy=True), config, shard),
-                             offset)
+                lazy = safetensors_tensors(checkpoint_files(path), lazy=True)
+                load_tensors(model, shard_tensors(lazy, config, shard), offset)
             reorder_rotary_dims(model)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
@@ -140,6 +144,37 @@ def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_slice(name) if lazy else f.get_tensor(name)
+
+
+def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """gpt-oss's checkpoint as the model holds it: the router as mlp.gate; the experts stacked
+    [experts, in, out] with gate and up interleaved (gate_up_proj[..., ::2] the gates), turned
+    [experts, out, in] with the gates first; or the same as MXFP4 blocks and scales
+    ([experts, out, ...]), dequantized when both have come."""
+    pending: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors:
+        name = name.replace(".mlp.router.", ".mlp.gate.")
+        layer, _, part = name.rpartition(".mlp.experts.")
+        if not layer:
+            yield name, tensor
+            continue
+        if part.endswith(("_blocks", "_scales")):
+            pending[name] = tensor
+            stem = name.rsplit("_", 1)[0]
+            if f"{stem}_blocks" not in pending or f"{stem}_scales" not in pending:
+                continue
+            weight = dequantize_mxfp4(pending.pop(f"{stem}_blocks"), pending.pop(f"{stem}_scales"))
+            part = part.rsplit("_", 1)[0]
+        elif part in ("gate_up_proj", "down_proj"):
+            weight = tensor.transpose(1, 2)
+        else:  # the biases, [experts, out]
+            weight = tensor
+        if part.startswith("gate_up_proj"):
+            weight = torch.cat((weight[:, 0::2], weight[:, 1::2]), dim=1)
+        target = {"gate_up_proj": "experts_gate_up", "down_proj": "experts_down"}[part.removesuffix("_bias")]
+        yield f"{layer}.mlp.{target}{'_bias' if part.endswith('_bias') else ''}", weight
+    if pending:
+        raise ValueError(f"MXFP4 tensors without their blocks or scales: {', '.join(sorted(pending))}")
 
 
 def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]],

@@ -42,13 +42,13 @@ class PagedAttentionMetadata:
 
 def paged_attention_reference(
     q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, meta: PagedAttentionMetadata,
-    how: LayerAttention,
+    how: LayerAttention, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] against k_pages/v_pages [num_blocks * block_size, kvH, D] -> [T, H, D].
 
     Each sequence's new rows attend to its pages, causal aligned lower-right: row i of a chunk of
     q_len rows sees positions <= seq_len - q_len + i (and, with a window, > that - window). Rows
-    that belong to no sequence are zero.
+    that belong to no sequence are zero. `sinks` [H]: each head's logit that joins its softmax.
     """
     out = q.new_zeros(q.shape)
     starts = meta.query_start_loc.tolist()
@@ -56,7 +56,7 @@ def paged_attention_reference(
         q_start, q_end = starts[seq], starts[seq + 1]
         if q_end > q_start:
             rows = _page_rows(meta.block_tables[seq], kv_len, meta.block_size)
-            out[q_start:q_end] = _chunk_attention(q[q_start:q_end], k_pages[rows], v_pages[rows], how)
+            out[q_start:q_end] = _chunk_attention(q[q_start:q_end], k_pages[rows], v_pages[rows], how, sinks)
     return out
 
 
@@ -66,7 +66,8 @@ def _page_rows(block_table: torch.Tensor, length: int, block_size: int) -> torch
     return block_table[positions // block_size].long() * block_size + positions % block_size
 
 
-def _chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, how: LayerAttention) -> torch.Tensor:
+def _chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, how: LayerAttention,
+                     sinks: torch.Tensor | None) -> torch.Tensor:
     """q [L, H, D], the last L positions of keys/values [S, kvH, D] -> [L, H, D]."""
     length = keys.shape[0]
     query_positions = torch.arange(length - q.shape[0], length, device=q.device)[:, None]
@@ -75,15 +76,21 @@ def _chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     if how.window is not None:
         visible &= key_positions > query_positions - how.window
     q, keys, values = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
-    if how.softcap is None:
+    if how.softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=how.scale, enable_gqa=True)
         return out.transpose(0, 1)
-    # SDPA has no soft cap: the reference's eager attention, in float32
+    # SDPA has neither soft cap nor sinks: the reference's eager attention, in float32
     group = q.shape[0] // keys.shape[0]
     keys, values = keys.repeat_interleave(group, 0).float(), values.repeat_interleave(group, 0).float()
     scores = q.float() @ keys.transpose(1, 2) * how.scale
-    scores = (scores / how.softcap).tanh() * how.softcap
-    weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    if how.softcap is not None:
+        scores = (scores / how.softcap).tanh() * how.softcap
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # a column of each head's sink, dropped after the softmax
+        sink = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+        weights = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+    else:
+        weights = scores.softmax(-1)
     return (weights @ values).to(q.dtype).transpose(0, 1)
 
 
@@ -171,20 +178,21 @@ class PagedKVCache:
     @torch.inference_mode()
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch,
-        how: LayerAttention | None = None,
+        how: LayerAttention | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence
-        as `how` says (default: every position, at head_dim ** -0.5)."""
+        as `how` says (default: every position, at head_dim ** -0.5), with `sinks` [H] where it has
+        them (tailrace's kernel has none yet: the reference over the pages serves them)."""
         how = how or LayerAttention(self.scale)
         meta = self.step_metadata(batch)
         self.k[layer].index_copy_(0, batch.slot_mapping, k)
         self.v[layer].index_copy_(0, batch.slot_mapping, v)
-        if self._native_attention is not None:
+        if self._native_attention is not None and sinks is None:
             return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
                                           meta.block_tables, self.block_size, meta.num_seqs, how.scale,
                                           how.window or 0, how.softcap or 0.0)
         if not self.use_triton:
-            return paged_attention_reference(q, self.k[layer], self.v[layer], meta, how)
+            return paged_attention_reference(q, self.k[layer], self.v[layer], meta, how, sinks)
         if not plain_attention(how, self.head_dim):
             raise ValueError(f"the Triton attention kernel does not take {how}")
         out = q.new_empty(q.shape)

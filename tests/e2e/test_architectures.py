@@ -13,8 +13,8 @@ Where tailrace's CPU kernels run, the last two hold bit for bit; on PyTorch's pa
 may move a logprob's last bit (SAME_ATOL).
 
 The configs keep to what a GGUF can say: llama.cpp fixes SmolLM3's NoPE layers at every 4th, Gemma
-3's sliding pattern at 5 of 6 and Gemma's query scale at head_dim's (tests/test_llama.py covers
-the other settings against transformers).
+3's sliding pattern at 5 of 6, Gemma's query scale at head_dim's and gpt-oss's SwiGLU limit at 7
+(tests/test_llama.py covers the other settings against transformers).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import pytest
 import sentencepiece
 import torch
 import transformers
+from mxfp4_writer import write_mxfp4_experts
 from tokenizer_fixtures import CORPUS, IM_END, save_byte_level
 from tokenizers import Tokenizer
 
@@ -70,6 +71,13 @@ ARCHITECTURES = {
                        norm_topk_prob=True)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
+    # experts shipped as MXFP4 blocks (written by mxfp4_writer), sinks, YaRN, alternate windows
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM,
+                dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                     max_position_embeddings=1024,
+                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 128,
+                                      "rope_theta": 150000.0})),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [
@@ -111,7 +119,11 @@ def save_checkpoint(directory: Path, name: str) -> transformers.PreTrainedModel:
         for param_name, param in model.named_parameters():
             if "norm" in param_name:
                 param.uniform_(-0.5, 0.5) if name.startswith("gemma") else param.uniform_(0.5, 1.5)
+            elif param_name.endswith(("bias", "sinks")):
+                param.normal_(0.0, 0.1 if param_name.endswith("bias") else 1.0)
     model.save_pretrained(directory)
+    if name == "gpt_oss":
+        write_mxfp4_experts(directory, model)
     return model
 
 
