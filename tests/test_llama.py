@@ -64,6 +64,10 @@ ARCHITECTURES = {
                                     norm_topk_prob=False)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_local_experts=4, num_experts_per_tok=2)),
+    "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,
+                dict(embedding_multiplier=3.0, residual_multiplier=0.3, attention_multiplier=0.1, logits_scaling=2.5)),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM,  # norms after, q/k normed over all heads
+              dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # sinks, biases everywhere, YaRN, alternate windows, the top k's own softmax, a capped SwiGLU
     "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM,
                 dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5, swiglu_limit=0.5,

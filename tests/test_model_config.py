@@ -119,7 +119,7 @@ def test_gemma2_alternates_windows_from_the_first_layer_and_caps_scores_and_logi
                    hidden_activation="gelu_pytorch_tanh", num_hidden_layers=4, **GEMMA)
     assert config.layer_windows == [64, None, 64, None]
     assert (config.attention_softcap, config.final_logit_softcap) == (50.0, 30.0)
-    assert (config.hidden_act, config.norm_weight_offset, config.sandwich_norms) == ("gelu_tanh", 1.0, True)
+    assert (config.hidden_act, config.norm_weight_offset, config.norm_style) == ("gelu_tanh", 1.0, "sandwich")
     assert config.attention_scale == 144**-0.5 and config.embedding_multiplier == 64**0.5
     assert config.tie_word_embeddings  # Gemma's default
 
@@ -169,6 +169,16 @@ def test_phi3_partial_rotary_and_longrope_factors_chosen_by_the_context_served()
 def test_a_partial_rotary_of_an_odd_width_is_refused():
     with pytest.raises(ValueError, match="partial rotary: 5 of 16"):
         parse(architectures=["Phi3ForCausalLM"], head_dim=16, partial_rotary_factor=5 / 16)
+
+
+def test_granite_multipliers_and_olmo2_norms():
+    granite = parse(architectures=["GraniteForCausalLM"], embedding_multiplier=12.0, residual_multiplier=0.22,
+                    attention_multiplier=0.0078125, logits_scaling=8.0)
+    assert (granite.embedding_multiplier, granite.residual_multiplier, granite.attention_scale,
+            granite.logit_divisor) == (12.0, 0.22, 0.0078125, 8.0)
+    olmo2 = parse(architectures=["Olmo2ForCausalLM"])
+    assert (olmo2.norm_style, olmo2.qk_norm, olmo2.qk_norm_over_heads) == ("post", True, True)
+    assert (parse().norm_style, parse().residual_multiplier) == ("pre", 1.0)
 
 
 def test_layer_types_of_the_wrong_length_are_refused():

@@ -26,6 +26,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
     "GptOssForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
 }
 
 # Configs built by hand (not saved from a model) name no architecture, only a model_type.
@@ -41,6 +43,8 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 # Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
 # attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
@@ -48,6 +52,7 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
 _GEMMA = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 _GPT_OSS = "GptOssForCausalLM"
+_OLMO2 = "Olmo2ForCausalLM"
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
 
@@ -82,7 +87,11 @@ class ModelConfig:
     hidden_act: str = "silu"  # or "gelu_tanh"
     norm_weight_offset: float = 0.0  # a checkpoint's norm weights + this are the scales (Gemma: 1)
     embedding_multiplier: float = 1.0  # the embedding rows times this, rounded to the dtype first
-    sandwich_norms: bool = False  # attention's and MLP's outputs normed before their residual adds
+    # "pre": the blocks' inputs normed; "sandwich" (Gemma): inputs and outputs; "post" (OLMo 2): outputs
+    norm_style: str = "pre"
+    qk_norm_over_heads: bool = False  # q and k normed each over all its heads (OLMo 2), not head by head
+    residual_multiplier: float = 1.0  # each block's output times this joins the residual (Granite)
+    logit_divisor: float = 1.0  # the logits divided by this (Granite's logits_scaling)
     attention_scale: float = 0.0  # q.k times this; 0: head_dim ** -0.5
     attention_softcap: float | None = None  # scores through cap * tanh(score / cap)
     attention_sinks: bool = False  # a learned logit per head joins each softmax, then is dropped (gpt-oss)
@@ -146,7 +155,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     layer_types = _layer_types(raw, architecture)
     max_positions = raw.get("max_position_embeddings", 2048)
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
-    gemma = architecture in _GEMMA
+    gemma, granite = architecture in _GEMMA, architecture == "GraniteForCausalLM"
     experts = _experts(raw, architecture, layers)
     window = raw.get("sliding_window")
     if window is not None and window >= max_positions:  # it never bites
@@ -167,7 +176,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
         # Qwen2 always has q/k/v biases and its config has no flag for them.
         attention_bias=architecture == "Qwen2ForCausalLM" or raw.get("attention_bias", False),
-        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", _OLMO2),
+        qk_norm_over_heads=architecture == _OLMO2,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_id_list(raw.get("eos_token_id")),
@@ -177,9 +187,13 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", _ACTIVATIONS[act]),
         norm_weight_offset=1.0 if gemma else 0.0,
-        embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else 1.0,
-        sandwich_norms=gemma,
-        attention_scale=raw["query_pre_attn_scalar"] ** -0.5 if gemma else head_dim**-0.5,
+        embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else raw.get("embedding_multiplier", 1.0) if granite
+        else 1.0,
+        norm_style="sandwich" if gemma else "post" if architecture == _OLMO2 else "pre",
+        residual_multiplier=raw.get("residual_multiplier", 1.0) if granite else 1.0,
+        logit_divisor=raw.get("logits_scaling", 1.0) if granite else 1.0,
+        attention_scale=(raw["query_pre_attn_scalar"] ** -0.5 if gemma else raw.get("attention_multiplier") if granite
+                         else None) or head_dim**-0.5,
         attention_softcap=raw.get("attn_logit_softcapping") if gemma else None,
         final_logit_softcap=raw.get("final_logit_softcapping") if gemma else None,
         attention_sinks=architecture == _GPT_OSS,

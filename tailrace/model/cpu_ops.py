@@ -133,7 +133,9 @@ def _kernel_norm(norm: Module, eps: float) -> bool:
 
 def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...]) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
-    if isinstance(mlp, MoE):  # decoder.cpp has no experts yet: module by module
+    # decoder.cpp has no experts, sinks, OLMo 2's norms or Granite's residual multiplier yet: module by module
+    if (isinstance(mlp, MoE) or attn.sinks is not None or layer.input_layernorm is None or attn.qk_norm_heads
+            or layer.residual_multiplier != 1.0):
         return False
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = [layer.input_layernorm, layer.post_attention_layernorm]

@@ -22,10 +22,11 @@ from gguf.quants import dequantize as dequantize_blocks
 # general.architecture -> the Hugging Face architecture it is.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
+                 "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
-PERMUTED_ARCHITECTURES = ("llama", "smollm3")
+PERMUTED_ARCHITECTURES = ("llama", "smollm3", "granite")
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                      Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 
@@ -59,6 +60,9 @@ _GEMMA_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# OLMo 2 norms the blocks' outputs alone.
+_OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"}
 # gpt-oss: post_attention_norm is the MLP's input norm, as Llama names it; a sink logit per head.
 _GPT_OSS_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                         "attn_sinks": "self_attn.sinks"}
@@ -161,6 +165,11 @@ def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
     hidden / heads on the 27B models), and SmolLM3's layers without rope (every 4th)."""
     if arch == "smollm3":
         return {"no_rope_layer_interval": 4}
+    if arch == "granite":  # its multipliers, as llama.cpp's converter names them
+        return {key: value(gguf_key) for key, gguf_key in (
+            ("embedding_multiplier", "embedding_scale"), ("residual_multiplier", "residual_scale"),
+            ("attention_multiplier", "attention.scale"), ("logits_scaling", "logit_scale"))
+            if value(gguf_key, None) is not None}
     if arch == "gpt-oss":  # llama.cpp's rules: layer 0 sliding, then every other; biases everywhere
         layers = value("block_count")
         return {"attention_bias": True, "sliding_window": value("attention.sliding_window"),
@@ -293,7 +302,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
     names = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
-             "gpt-oss": _GPT_OSS_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+             "gpt-oss": _GPT_OSS_LAYER_NAMES, "olmo2": _OLMO2_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     block, layer, part = (base.split(".", 2) + ["", ""])[:3]
     if block != "blk" or not layer.isdigit() or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")

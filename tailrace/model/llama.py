@@ -1,7 +1,7 @@
 """The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, Qwen3-MoE,
-Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3) over one flat batch of tokens: a Llama decoder
-with the features config.py reads for each architecture (per-layer sliding windows and rotary
-tables, NoPE layers, partial rotary, GeGLU, Gemma's sandwich norms, embedding scale, soft caps,
+Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3, Granite, OLMo 2) over one flat batch of tokens: a
+Llama decoder with the features config.py reads for each architecture (per-layer sliding windows
+and rotary tables, NoPE layers, partial rotary, GeGLU, where the norms go, multipliers, soft caps,
 attention sinks, experts).
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
@@ -205,8 +205,11 @@ class Attention(Module):
         self.split = [q_size + kv_size, kv_size]
         self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, config.attention_bias, dtype)
         self.o_proj = Linear(q_size, config.hidden_size, config.attention_out_bias, dtype)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        # per head, or (OLMo 2) over all of q's and all of k's heads at once
+        self.qk_norm_heads = config.qk_norm_over_heads
+        q_width, k_width = (q_size, kv_size) if self.qk_norm_heads else (self.head_dim, self.head_dim)
+        self.q_norm = RMSNorm(q_width, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.rope = config.layer_rope[layer]  # which of the model's rotary tables, None for none
         self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap,
                                   config.attention_sinks)
@@ -225,7 +228,12 @@ class Attention(Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+            if self.qk_norm_heads:
+                q = self.q_norm(q.reshape(q.shape[0], -1)).view(q.shape)
+                k = self.k_norm(k.reshape(k.shape[0], -1)).view(k.shape)
+            else:
+                q, k = self.q_norm(q), self.k_norm(k)
+            qk = torch.cat((q, k), dim=1)
         if self.rope is not None:
             # q and k heads rotate together: one set of elementwise ops instead of two
             qk = self.rotate(qk, *rotations[self.rope])
@@ -319,19 +327,22 @@ class MoE(Module):
 
 
 class DecoderLayer(Module):
-    """Llama's layer norms each block's input: post_attention_layernorm is the MLP's. With sandwich
-    norms (Gemma) post_attention_layernorm norms the attention's output, pre_feedforward_layernorm
-    the MLP's input and post_feedforward_layernorm its output."""
+    """config.norm_style "pre" (Llama) norms each block's input: post_attention_layernorm is the
+    MLP's. "sandwich" (Gemma) norms inputs and outputs: post_attention_layernorm the attention's
+    output, pre_feedforward_layernorm the MLP's input, post_feedforward_layernorm its output.
+    "post" (OLMo 2) norms the outputs alone. Each block's output joins the residual times
+    config.residual_multiplier (Granite)."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        width, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = RMSNorm(width, eps, dtype)
+        width, eps, style = config.hidden_size, config.rms_norm_eps, config.norm_style
+        self.input_layernorm = None if style == "post" else RMSNorm(width, eps, dtype)
         self.self_attn = Attention(config, layer, dtype)
         self.post_attention_layernorm = RMSNorm(width, eps, dtype)
-        self.pre_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
-        self.post_feedforward_layernorm = RMSNorm(width, eps, dtype) if config.sandwich_norms else None
+        self.pre_feedforward_layernorm = RMSNorm(width, eps, dtype) if style == "sandwich" else None
+        self.post_feedforward_layernorm = None if style == "pre" else RMSNorm(width, eps, dtype)
         self.mlp = MoE(config, dtype) if config.layer_moe[layer] else MLP(config, dtype)
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self,
@@ -340,12 +351,19 @@ class DecoderLayer(Module):
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(h), rotations, batch, cache)
-        if self.pre_feedforward_layernorm is None:
-            h = h + attended
-            return h + self.mlp(self.post_attention_layernorm(h))
-        h = h + self.post_attention_layernorm(attended)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        attended = self.self_attn(_normed(self.input_layernorm, h), rotations, batch, cache)
+        if self.post_feedforward_layernorm is None:  # "pre"
+            h = h + self._scaled(attended)
+            return h + self._scaled(self.mlp(self.post_attention_layernorm(h)))
+        h = h + self._scaled(self.post_attention_layernorm(attended))
+        return h + self._scaled(self.post_feedforward_layernorm(self.mlp(_normed(self.pre_feedforward_layernorm, h))))
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
+
+
+def _normed(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
 
 
 ROTARY_MODULES = {"global": "rotary", "local": "rotary_local"}  # a table's kind -> LlamaModel's attribute
@@ -417,6 +435,8 @@ class LlamaForCausalLM(nn.Module):
             logits = F.linear(hidden, self.model.embed_tokens.weight).float()
         else:
             logits = self.lm_head(hidden).float()
+        if self.config.logit_divisor != 1.0:  # Granite's logits_scaling
+            logits = logits / self.config.logit_divisor
         cap = self.config.final_logit_softcap
         return logits if cap is None else (logits / cap).tanh_().mul_(cap)
 

@@ -71,6 +71,10 @@ ARCHITECTURES = {
                        norm_topk_prob=True)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
+    "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM,  # head_dim is hidden / heads
+                dict(num_hidden_layers=2, hidden_size=128, embedding_multiplier=3.0, residual_multiplier=0.3,
+                     attention_multiplier=0.1, logits_scaling=2.5)),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, dict(num_hidden_layers=2)),
     # experts shipped as MXFP4 blocks (written by mxfp4_writer), sinks, YaRN, alternate windows
     "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM,
                 dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
