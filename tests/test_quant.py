@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from tailrace.model import int_linear
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.llama import Linear
+from tailrace.model.config import parse_model_config
+from tailrace.model.llama import Linear, LlamaForCausalLM, Router
 from tailrace.model.loader import load_model
 from tailrace.model.quant import (INT4_GROUP_SIZE, Int4Linear, Int8Linear, IntWeight, SplitInt8Linear, linear_for,
                                   quantize_int4, quantize_int8, quantize_linear, quantize_model)
@@ -121,3 +122,16 @@ def test_quantized_embedded_model_mostly_predicts_what_float32_does(method, min_
     expected, got = _prefill_logits(reference, config, tokens), _prefill_logits(quantized, config, tokens)
     agreement = (expected.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agreement >= min_agreement
+
+
+def test_a_mixture_of_experts_keeps_its_router_in_float():
+    """A rounded router logit can change which experts a token takes: the projections quantize,
+    the router does not."""
+    config = parse_model_config({
+        "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
+    model = LlamaForCausalLM(config, torch.float32)
+    quantize_model(model, "int8")
+    layer = model.model.layers[0]
+    assert type(layer.mlp.gate) is Router and not isinstance(layer.self_attn.qkv_proj, Linear)

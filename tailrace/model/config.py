@@ -155,7 +155,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     layer_types = _layer_types(raw, architecture)
     max_positions = raw.get("max_position_embeddings", 2048)
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
-    gemma, granite = architecture in _GEMMA, architecture == "GraniteForCausalLM"
+    gemma = architecture in _GEMMA
     experts = _experts(raw, architecture, layers)
     window = raw.get("sliding_window")
     if window is not None and window >= max_positions:  # it never bites
@@ -177,7 +177,6 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         # Qwen2 always has q/k/v biases and its config has no flag for them.
         attention_bias=architecture == "Qwen2ForCausalLM" or raw.get("attention_bias", False),
         qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", _OLMO2),
-        qk_norm_over_heads=architecture == _OLMO2,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_id_list(raw.get("eos_token_id")),
@@ -186,20 +185,27 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", _ACTIVATIONS[act]),
-        norm_weight_offset=1.0 if gemma else 0.0,
-        embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else raw.get("embedding_multiplier", 1.0) if granite
-        else 1.0,
-        norm_style="sandwich" if gemma else "post" if architecture == _OLMO2 else "pre",
-        residual_multiplier=raw.get("residual_multiplier", 1.0) if granite else 1.0,
-        logit_divisor=raw.get("logits_scaling", 1.0) if granite else 1.0,
-        attention_scale=(raw["query_pre_attn_scalar"] ** -0.5 if gemma else raw.get("attention_multiplier") if granite
-                         else None) or head_dim**-0.5,
-        attention_softcap=raw.get("attn_logit_softcapping") if gemma else None,
-        final_logit_softcap=raw.get("final_logit_softcapping") if gemma else None,
-        attention_sinks=architecture == _GPT_OSS,
-        attention_out_bias=architecture == _GPT_OSS,
+        **_family_features(raw, architecture),
         **experts,
     )
+
+
+def _family_features(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """What a family changes in the layers and around them (defaults: Llama's)."""
+    if architecture in _GEMMA:
+        return {"norm_weight_offset": 1.0, "embedding_multiplier": raw["hidden_size"] ** 0.5, "norm_style": "sandwich",
+                "attention_scale": raw["query_pre_attn_scalar"] ** -0.5,
+                "attention_softcap": raw.get("attn_logit_softcapping"),
+                "final_logit_softcap": raw.get("final_logit_softcapping")}
+    if architecture == "GraniteForCausalLM":
+        return {"embedding_multiplier": raw.get("embedding_multiplier", 1.0),
+                "residual_multiplier": raw.get("residual_multiplier", 1.0),
+                "attention_scale": raw.get("attention_multiplier", 0.0), "logit_divisor": raw.get("logits_scaling", 1.0)}
+    if architecture == _OLMO2:
+        return {"norm_style": "post", "qk_norm_over_heads": True}
+    if architecture == _GPT_OSS:
+        return {"attention_sinks": True, "attention_out_bias": True}
+    return {}
 
 
 def _architecture(raw: dict[str, Any]) -> str:
@@ -286,6 +292,8 @@ def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, A
     if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", _GPT_OSS) or not experts:
         return {}
     top_k = raw["num_experts_per_tok"]
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
     if architecture == _GPT_OSS:
         return {"layer_moe": [True] * layers, "num_experts": experts, "experts_per_token": top_k,
                 "moe_intermediate_size": raw["intermediate_size"], "moe_bias": True, "router_topk_first": True,
@@ -293,8 +301,6 @@ def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, A
                 "swiglu_limit": raw.get("swiglu_limit", 7.0)}
     mixtral = architecture == "MixtralForCausalLM"
     dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
-    if not 0 < top_k <= experts:
-        raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
     return {
         "layer_moe": [mixtral or (i not in dense and (i + 1) % step == 0) for i in range(layers)],
         "num_experts": experts,

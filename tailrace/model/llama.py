@@ -274,6 +274,12 @@ class MLP(Module):
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
+class Router(Linear):
+    """A mixture of experts' router: a Linear that quantization and packing leave as it is
+    (replace_projections replaces Linear itself, not its subclasses): a rounded logit can change
+    which experts a token takes."""
+
+
 class MoE(Module):
     """A mixture of experts: the router ranks num_experts experts for each token (softmax in
     float32), and the token's output is its experts_per_token best experts' SwiGLU outputs, each
@@ -285,7 +291,7 @@ class MoE(Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         experts, width, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.gate = Linear(width, experts, config.moe_bias, dtype)  # the router
+        self.gate = Router(width, experts, config.moe_bias, dtype)
         self.experts_gate_up = _empty(experts, 2 * inner, width, dtype=dtype)
         self.experts_down = _empty(experts, width, inner, dtype=dtype)
         self.experts_gate_up_bias = _empty(experts, 2 * inner, dtype=dtype) if config.moe_bias else None
@@ -442,10 +448,10 @@ class LlamaForCausalLM(nn.Module):
 
 
 def replace_modules(model: nn.Module, kind: type[nn.Module], make: Callable[[nn.Module], nn.Module]) -> None:
-    """Every submodule of type `kind` replaced in place by make(it)."""
+    """Every submodule of type `kind` (not of a subclass) replaced in place by make(it)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, kind):
+            if type(child) is kind:
                 setattr(parent, name, make(child))
 
 
