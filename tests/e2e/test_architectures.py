@@ -19,7 +19,6 @@ The configs keep to what a GGUF can say: llama.cpp fixes SmolLM3's NoPE layers a
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import subprocess
@@ -172,10 +171,15 @@ def served(request, tmp_path_factory: pytest.TempPathFactory, converter: Path) -
                    capture_output=True)
     common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param,
               *SERVE_ARGS.get(request.param, [])]
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(contextlib.contextmanager(serving)([str(path), *common], directory / log))
-                for path, log in ((directory / "model", "server.log"), (gguf, "gguf-server.log"))]
+    servers = [serving([str(path), *common], directory / log)
+               for path, log in ((directory / "model", "server.log"), (gguf, "gguf-server.log"))]
+    try:
+        with ThreadPoolExecutor(len(servers)) as pool:  # both start at once
+            urls = list(pool.map(next, servers))
         yield Served(request.param, model, *urls)
+    finally:
+        for server in servers:
+            server.close()
 
 
 @dataclass
