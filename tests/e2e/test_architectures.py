@@ -39,7 +39,7 @@ from tokenizers import Tokenizer
 
 from tailrace.bench.peers import llamacpp
 
-from e2e.conftest import serving
+from e2e.conftest import REPO_ROOT, free_port, serving
 
 LOGPROB_ATOL = 1e-4
 SAME_ATOL = 1e-5
@@ -235,3 +235,17 @@ def test_answers_do_not_depend_on_the_batch(served):
 def assert_same(got: Answer, want: Answer) -> None:
     assert (got.text, got.tokens) == (want.text, want.tokens)
     assert got.logprobs == pytest.approx(want.logprobs, abs=SAME_ATOL)
+
+
+def test_an_unsupported_architecture_stops_the_server_naming_it_and_the_supported(tmp_path):
+    directory = tmp_path / "deepseek"
+    save_byte_level(directory)
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2}))
+    result = subprocess.run([sys.executable, "-m", "tailrace", "serve", str(directory), "--port", str(free_port())],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "unsupported architecture DeepseekV3ForCausalLM; supported: " in output
+    assert all(name in output for name in ("Gemma3ForCausalLM", "GptOssForCausalLM", "Qwen3MoeForCausalLM"))
