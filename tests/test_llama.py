@@ -53,6 +53,9 @@ ARCHITECTURES = {
                     final_logit_softcapping=3.0)),
     "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
                dict(sliding_window=5, query_pre_attn_scalar=24, layer_types=["full_attention", "sliding_attention"])),
+    "gemma3_multimodal": (lambda **kwargs: _gemma3_multimodal(**kwargs), transformers.Gemma3ForConditionalGeneration,
+                          dict(sliding_window=5, query_pre_attn_scalar=24,
+                               layer_types=["sliding_attention", "full_attention"])),
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=6)),
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,  # half of each head turns; a window
              dict(partial_rotary_factor=0.5, sliding_window=7, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
@@ -75,6 +78,14 @@ ARCHITECTURES = {
                                       "truncate": False, "original_max_position_embeddings": 32,
                                       "rope_theta": 150000.0})),
 }
+
+
+def _gemma3_multimodal(**text) -> transformers.Gemma3Config:
+    """Gemma 3 as its 4B-27B checkpoints ship: the text model inside an image-text one."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                     image_token_index=255, boi_token_index=253, eoi_token_index=254)
 
 
 def _randomize(model: torch.nn.Module) -> None:

@@ -181,6 +181,22 @@ def test_granite_multipliers_and_olmo2_norms():
     assert (parse().norm_style, parse().residual_multiplier) == ("pre", 1.0)
 
 
+def test_gemma3_multimodal_config_is_its_text_models_with_gemma3s_defaults_filled_in():
+    """gemma-3-4b-it's config.json: text_config names only what differs from the defaults."""
+    config = parse_model_config({
+        "architectures": ["Gemma3ForConditionalGeneration"], "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"model_type": "siglip_vision_model"}})
+    assert config.architecture == "Gemma3ForCausalLM" and config.torch_dtype == "bfloat16"
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size) == (
+        8, 4, 256, 262208)
+    assert config.eos_token_ids == [1, 106] and config.tie_word_embeddings
+    assert config.layer_windows[:6] == [1024] * 5 + [None] and config.layer_rope[5] == "global"
+    assert (config.rope_theta, config.local_rope_theta, config.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+
+
 def test_layer_types_of_the_wrong_length_are_refused():
     with pytest.raises(ValueError, match="layer_types"):
         parse(architectures=["Gemma3ForCausalLM"], layer_types=["sliding_attention"], **GEMMA)

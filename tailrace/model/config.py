@@ -22,6 +22,7 @@ SUPPORTED_ARCHITECTURES = {
     "SmolLM3ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",  # its text model (_text_part)
     "Phi3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
@@ -144,6 +145,7 @@ def load_model_config(path: str) -> ModelConfig:
 
 
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
+    raw = _text_part(raw)
     architecture = _architecture(raw)
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -188,6 +190,28 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         **_family_features(raw, architecture),
         **experts,
     )
+
+
+# Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
+# text_config names only what differs from Gemma3TextConfig's defaults, which these are.
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+    "sliding_window_pattern": 6, "sliding_window": 4096, "max_position_embeddings": 131072,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+}
+
+
+def _text_part(raw: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's config as its text model's (Gemma 3's): the image tower is not
+    read; the loader takes the language model's weights under their own names."""
+    if (raw.get("architectures") or [None])[0] != "Gemma3ForConditionalGeneration":
+        return raw
+    text = {**_GEMMA3_TEXT_DEFAULTS, **raw.get("text_config", {}), "architectures": ["Gemma3ForCausalLM"]}
+    for key in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
+        if key in raw:
+            text.setdefault(key, raw[key])
+    return text
 
 
 def _family_features(raw: dict[str, Any], architecture: str) -> dict[str, Any]:

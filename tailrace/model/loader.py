@@ -224,9 +224,14 @@ def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[l
 
 
 def _canonical(name: str) -> str:
-    """A checkpoint name as the loader knows it: Mixtral's experts named as Qwen3-MoE's
-    (block_sparse_moe -> mlp, w1 / w3 / w2 -> gate_proj / up_proj / down_proj), transformers 5's
-    stacked experts (mlp.experts.gate_up_proj, mlp.experts.down_proj) as the model's."""
+    """A checkpoint name as the loader knows it: a multimodal checkpoint's language model's as a
+    text model's (Gemma 3's language_model.model.* or model.language_model.*); Mixtral's experts
+    named as Qwen3-MoE's (block_sparse_moe -> mlp, w1 / w3 / w2 -> gate_proj / up_proj /
+    down_proj); transformers 5's stacked experts (mlp.experts.gate_up_proj, mlp.experts.down_proj)
+    as the model's."""
+    for prefix, text in (("language_model.", ""), ("model.language_model.", "model.")):
+        if name.startswith(prefix):
+            name = text + name[len(prefix):]
     if ".block_sparse_moe." in name:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
@@ -239,8 +244,10 @@ def _canonical(name: str) -> str:
 
 
 def _ignored(name: str, config: ModelConfig) -> bool:
-    # Old checkpoints store RoPE frequencies; tied checkpoints sometimes still store lm_head.
-    return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
+    # Old checkpoints store RoPE frequencies; tied checkpoints sometimes still store lm_head; a
+    # multimodal one its image tower and projector, which serve no text.
+    return (name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
+            or name.removeprefix("model.").split(".")[0] in _IMAGE_PARTS)
 
 
 def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
@@ -266,6 +273,7 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
     target.copy_(tensor)
 
 
+_IMAGE_PARTS = {"vision_tower", "multi_modal_projector"}
 # An expert's projection -> (the stacked parameter, index of its part there)
 _EXPERT_PARTS = {"gate_proj": ("experts_gate_up", 0), "up_proj": ("experts_gate_up", 1),
                  "down_proj": ("experts_down", 0)}
