@@ -124,14 +124,21 @@ def test_quantized_embedded_model_mostly_predicts_what_float32_does(method, min_
     assert agreement >= min_agreement
 
 
-def test_a_mixture_of_experts_keeps_its_router_in_float():
-    """A rounded router logit can change which experts a token takes: the projections quantize,
-    the router does not."""
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_mixture_of_experts_quantizes_its_experts_and_keeps_its_router_in_float(method):
+    """A rounded router logit can change which experts a token takes: the projections and every
+    expert's quantize, the router does not; the quantized model still computes."""
     config = parse_model_config({
         "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
         "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
     model = LlamaForCausalLM(config, torch.float32)
-    quantize_model(model, "int8")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.1)
+    quantize_model(model, method)
     layer = model.model.layers[0]
     assert type(layer.mlp.gate) is Router and not isinstance(layer.self_attn.qkv_proj, Linear)
+    assert not any(isinstance(p, Linear) for e in layer.mlp.experts for p in (e.gate_up_proj, e.down_proj))
+    out = layer.mlp(torch.randn(5, 64))
+    assert out.shape == (5, 64) and torch.isfinite(out).all()

@@ -282,9 +282,9 @@ def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]
             layer, _, part = name.removesuffix("_exps.bias").rpartition(".")
             expert_biases[f"{layer}.{part}"] = values
             if part == "down":
-                yield f"{layer}.experts_down_bias", expert_biases.pop(f"{layer}.down")
+                yield f"{layer}.experts.down_proj_bias", expert_biases.pop(f"{layer}.down")
             elif f"{layer}.gate" in expert_biases and f"{layer}.up" in expert_biases:
-                yield f"{layer}.experts_gate_up_bias", torch.cat(
+                yield f"{layer}.experts.gate_up_proj_bias", torch.cat(
                     (expert_biases.pop(f"{layer}.gate"), expert_biases.pop(f"{layer}.up")), dim=1)
             continue
         if name.endswith("sinks.weight"):

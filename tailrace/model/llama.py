@@ -280,22 +280,28 @@ class Router(Linear):
     which experts a token takes."""
 
 
+class Expert(Module):
+    """One expert's projections, gate and up fused (its SwiGLU runs in MoE.forward)."""
+
+    def __init__(self, width: int, inner: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(width, 2 * inner, bias, dtype)
+        self.down_proj = Linear(inner, width, bias, dtype)
+
+
 class MoE(Module):
     """A mixture of experts: the router ranks num_experts experts for each token (softmax in
-    float32), and the token's output is its experts_per_token best experts' SwiGLU outputs, each
-    times its router weight, summed in expert order. Each expert runs once a step on the tokens
-    that chose it, reading only its own weights: the others' are not touched. The experts' weights
-    are stacked, gate and up fused: experts_gate_up [experts, 2 * I, hidden], experts_down
-    [experts, hidden, I]."""
+    float32), and the token's output is its experts_per_token best experts' outputs, each times
+    its router weight, summed in expert order. Each expert runs once a step on the tokens that
+    chose it, reading only its own weights: the others' are not touched. An expert is a pair of
+    projections (`Expert`), so quantization and packing take the experts as they take any
+    projection."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        experts, width, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.gate = Router(width, experts, config.moe_bias, dtype)
-        self.experts_gate_up = _empty(experts, 2 * inner, width, dtype=dtype)
-        self.experts_down = _empty(experts, width, inner, dtype=dtype)
-        self.experts_gate_up_bias = _empty(experts, 2 * inner, dtype=dtype) if config.moe_bias else None
-        self.experts_down_bias = _empty(experts, width, dtype=dtype) if config.moe_bias else None
+        width, inner, bias = config.hidden_size, config.moe_intermediate_size, config.moe_bias
+        self.gate = Router(width, config.num_experts, bias, dtype)
+        self.experts = nn.ModuleList(Expert(width, inner, bias, dtype) for _ in range(config.num_experts))
         self.top_k, self.normalize = config.experts_per_token, config.norm_topk_prob
         self.router_float32, self.topk_first = config.router_float32, config.router_topk_first
         self.act = config.hidden_act
@@ -306,18 +312,18 @@ class MoE(Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)
-        # each expert with the rows (and which of their top-k slots) that chose it, in expert order
-        for expert in chosen.unique().tolist():
-            rows, slot = (chosen == expert).nonzero(as_tuple=True)
-            gate_up = F.linear(x[rows], self.experts_gate_up[expert], self._bias(self.experts_gate_up_bias, expert))
-            y = F.linear(self.act_and_mul(gate_up), self.experts_down[expert],
-                         self._bias(self.experts_down_bias, expert))
-            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(x.dtype))
+        # the (row, slot) pairs grouped by expert, rows ascending in each group: one sort a step
+        picks = chosen.flatten().argsort(stable=True)
+        counts = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows, slots = picks[start:start + count] // self.top_k, picks[start:start + count] % self.top_k
+                module = self.experts[expert]
+                y = module.down_proj(self.act_and_mul(module.gate_up_proj(x[rows])))
+                out.index_add_(0, rows, (y * weights[rows, slots, None]).to(x.dtype))
+                start += count
         return out
-
-    @staticmethod
-    def _bias(biases: torch.Tensor | None, expert: int) -> torch.Tensor | None:
-        return None if biases is None else biases[expert]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's experts_per_token router weights and experts [T, k]: the softmax's top k

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -147,10 +146,10 @@ def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[
 
 
 def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """gpt-oss's checkpoint as the model holds it: the router as mlp.gate; the experts stacked
-    [experts, in, out] with gate and up interleaved (gate_up_proj[..., ::2] the gates), turned
-    [experts, out, in] with the gates first; or the same as MXFP4 blocks and scales
-    ([experts, out, ...]), dequantized when both have come."""
+    """gpt-oss's checkpoint in transformers 5's layout (load_tensors splits it by expert): the
+    router as mlp.gate; the experts stacked [experts, in, out] with gate and up interleaved
+    (gate_up_proj[..., ::2] the gates), turned [experts, out, in] with the gates first; or the same
+    as MXFP4 blocks and scales ([experts, out, ...]), dequantized when both have come."""
     pending: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         name = name.replace(".mlp.router.", ".mlp.gate.")
@@ -171,8 +170,7 @@ def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
             weight = tensor
         if part.startswith("gate_up_proj"):
             weight = torch.cat((weight[:, 0::2], weight[:, 1::2]), dim=1)
-        target = {"gate_up_proj": "experts_gate_up", "down_proj": "experts_down"}[part.removesuffix("_bias")]
-        yield f"{layer}.mlp.{target}{'_bias' if part.endswith('_bias') else ''}", weight
+        yield f"{layer}.mlp.experts.{part}", weight
     if pending:
         raise ValueError(f"MXFP4 tensors without their blocks or scales: {', '.join(sorted(pending))}")
 
@@ -186,7 +184,7 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []
-    for name, tensor in tensors:
+    for name, tensor in _each_expert(tensors):
         name = _canonical(name)
         if _ignored(name, model.config):
             continue
@@ -209,26 +207,33 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
 
 def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[list[str]]]:
     """For each parameter, the sets of checkpoint tensors it may come from: itself, or for a fused
-    projection also its parts, for stacked experts each expert's (listed last: what a missing
-    parameter is reported as)."""
+    projection also its parts (listed last: what a missing parameter is reported as)."""
     sources = {}
-    for name, param in params.items():
+    for name in params:
         module, _, kind = name.rpartition(".")
         prefix, _, projection = module.rpartition(".")
         parts = [f"{prefix}.{part}.{kind}" for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
-        if kind in _EXPERT_FUSED:
-            parts = [f"{module}.experts.{e}.{part}.weight" for e in range(param.shape[0])
-                     for part, (fused, _) in _EXPERT_PARTS.items() if fused == kind]
         sources[name] = [[name], parts] if parts else [[name]]
     return sources
+
+
+def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """transformers 5's stacked experts (mlp.experts.gate_up_proj [experts, 2 * I, in], down_proj,
+    and gpt-oss's biases) as each expert's projection; every other tensor as it is."""
+    for name, tensor in tensors:
+        layer, _, part = name.rpartition(".mlp.experts.")
+        if not layer or part not in _STACKED_EXPERTS:
+            yield name, tensor
+            continue
+        for expert in range(tensor.shape[0]):
+            yield f"{layer}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}", tensor[expert]
 
 
 def _canonical(name: str) -> str:
     """A checkpoint name as the loader knows it: a multimodal checkpoint's language model's as a
     text model's (Gemma 3's language_model.model.* or model.language_model.*); Mixtral's experts
     named as Qwen3-MoE's (block_sparse_moe -> mlp, w1 / w3 / w2 -> gate_proj / up_proj /
-    down_proj); transformers 5's stacked experts (mlp.experts.gate_up_proj, mlp.experts.down_proj)
-    as the model's."""
+    down_proj)."""
     for prefix, text in (("language_model.", ""), ("model.language_model.", "model.")):
         if name.startswith(prefix):
             name = text + name[len(prefix):]
@@ -236,10 +241,6 @@ def _canonical(name: str) -> str:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
             name = name.replace(old, new)
-    for old, new in ((".mlp.experts.gate_up_proj", ".mlp.experts_gate_up"),
-                     (".mlp.experts.down_proj", ".mlp.experts_down")):
-        if name.endswith(old):
-            return name[: -len(old)] + new
     return name
 
 
@@ -253,18 +254,10 @@ def _ignored(name: str, config: ModelConfig) -> bool:
 def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
     module, _, kind = name.rpartition(".")
     prefix, _, projection = module.rpartition(".")
-    expert = _EXPERT.match(name)
-    if expert is not None:  # one expert's projection, into its row of the stacked experts
-        layer, index, projection = expert.group(1), int(expert.group(2)), expert.group(3)
-        fused, part = _EXPERT_PARTS[projection]
-        target = params[f"{layer}.{fused}"][index]
-        if fused == "experts_gate_up":
-            inner = config.moe_intermediate_size
-            target = target.narrow(0, part * inner, inner)
-    elif projection in _FUSED_PARTS:
+    if projection in _FUSED_PARTS:
         fused, part = _FUSED_PARTS[projection]
         target = params[f"{prefix}.{fused}.{kind}"]
-        start, size = _part_rows(fused, part, config)
+        start, size = _part_rows(fused, part, config, target)
         target = target.narrow(0, start, size)
     else:
         target = params[name]
@@ -274,17 +267,15 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
 
 
 _IMAGE_PARTS = {"vision_tower", "multi_modal_projector"}
-# An expert's projection -> (the stacked parameter, index of its part there)
-_EXPERT_PARTS = {"gate_proj": ("experts_gate_up", 0), "up_proj": ("experts_gate_up", 1),
-                 "down_proj": ("experts_down", 0)}
-_EXPERT_FUSED = {fused for fused, _ in _EXPERT_PARTS.values()}
-_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_STACKED_EXPERTS = {"gate_up_proj": "gate_up_proj.weight", "down_proj": "down_proj.weight",
+                    "gate_up_proj_bias": "gate_up_proj.bias", "down_proj_bias": "down_proj.bias"}
 
 
-def _part_rows(fused: str, part: int, config: ModelConfig) -> tuple[int, int]:
-    """(first row, rows) of one part inside a fused projection's output dimension."""
-    if fused == "gate_up_proj":
-        return part * config.intermediate_size, config.intermediate_size
+def _part_rows(fused: str, part: int, config: ModelConfig, target: torch.Tensor) -> tuple[int, int]:
+    """(first row, rows) of one part inside a fused projection's output dimension (`target`)."""
+    if fused == "gate_up_proj":  # halves: an MLP's or an expert's
+        half = target.shape[0] // 2
+        return part * half, half
     q_size = config.num_attention_heads * config.head_dim
     kv_size = config.num_key_value_heads * config.head_dim
     return [(0, q_size), (q_size, kv_size), (q_size + kv_size, kv_size)][part]
