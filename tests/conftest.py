@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,19 @@ def make_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session")
+def converter() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py tree, from the llama-cpp-python sdist pip downloads (once
+    per environment); run it with tailrace.bench.peers.llamacpp.convert_command."""
+    from tailrace.bench.peers import llamacpp
+
+    directory = Path(sys.prefix) / "llama.cpp-converter"
+    if not (llamacpp.tree(directory) / "convert_hf_to_gguf.py").is_file():
+        directory.mkdir(exist_ok=True)
+        llamacpp.fetch_tree(directory, llamacpp.CONVERTER_PARTS)
+    return llamacpp.tree(directory)
 
 
 @pytest.fixture(scope="session")

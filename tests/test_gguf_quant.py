@@ -1,3 +1,5 @@
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +9,7 @@ from gguf import GGUFReader, GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
 from gguf_writer import llama_permute, write_gguf
 
+from tailrace.bench.peers.llamacpp import convert_command
 from tailrace.model import int_linear
 from tailrace.model.gguf_quant import decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows, use_gguf_blocks
 from tailrace.model.llama import Linear
@@ -137,3 +140,27 @@ def test_quantized_load_of_a_gguf_takes_the_files_codes(tmp_path) -> None:
     loaded = dict(model.model.layers[0].self_attn.o_proj.named_buffers())
     assert loaded.keys() == dict(expected.named_buffers()).keys()
     assert all(torch.equal(loaded[name], buffer) for name, buffer in expected.named_buffers())
+
+
+def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file(tmp_path, converter) -> None:
+    """llama.cpp's converter stacks a layer's experts [experts, rows, blocks]; each expert's
+    projections come from its own rows of blocks, as the dense ones do, and agree with the
+    dequantizing loader's."""
+    from e2e.test_architectures import save_checkpoint
+
+    save_checkpoint(tmp_path / "moe", "qwen3_moe")
+    path = tmp_path / "moe-q8_0.gguf"
+    subprocess.run(convert_command(converter, tmp_path / "moe", "q8_0", path), check=True, capture_output=True)
+    model, config = load_model(str(path), quantization="int8")
+    floats, _ = load_model(str(path))
+    reader = GGUFReader(str(path))
+    down = next(t for t in reader.tensors if t.name == "blk.1.ffn_down_exps.weight")
+    assert down.tensor_type == Q.Q8_0
+    expert = model.model.layers[1].mlp.experts[3]
+    expected = quantized_linear(Q.Q8_0, np.asarray(down.data)[3], (config.hidden_size, config.moe_intermediate_size))
+    loaded = dict(expert.down_proj.named_buffers())
+    assert all(torch.equal(loaded[name], buffer) for name, buffer in expected.named_buffers())
+    float_expert = floats.model.layers[1].mlp.experts[3]
+    for name in ("gate_up_proj", "down_proj"):
+        x = torch.randn(3, getattr(float_expert, name).weight.shape[1]).to(torch.bfloat16).float()
+        assert _relative_error(getattr(expert, name)(x), getattr(float_expert, name)(x)) < BF16_RTOL, name

@@ -53,7 +53,9 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = getattr(layer, block)
-            if isinstance(parent, MoE):  # its experts stay as the loader dequantized them
+            if isinstance(parent, MoE):
+                if name == "gate_up_proj":
+                    replaced += _expert_blocks(parent, i, tensors)
                 continue
             bias = getattr(parent, name).bias
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
@@ -71,18 +73,36 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
     return replaced
 
 
-def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int],
-                   bias: torch.Tensor | None, row_order: np.ndarray | None = None) -> nn.Module | None:
-    """One projection over the parts' rows stacked (then in `row_order`, where given): rows are
-    independent in every block format, so stacking raw rows is exact, as long as the parts share
-    one mapped type (else None). A Q4_K_M file's Q6_K attn_v, for one, leaves its fused qkv_proj
-    in float."""
+def _expert_blocks(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) -> list[str]:
+    """Each expert's projections from the file's stacked [experts, rows, blocks] tensors, where
+    their type maps; the replaced projections' names."""
+    stacked = {part: tensors.get(f"blk.{layer}.ffn_{part}_exps.weight") for part in ("gate", "up", "down")}
+    replaced = []
+    for index, expert in enumerate(moe.experts):
+        for name, parts in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
+            if any(stacked[part] is None for part in parts):
+                continue
+            bias = getattr(expert, name).bias
+            module = stacked_linear([stacked[part] for part in parts], {}, None if bias is None else bias.detach(),
+                                    expert=index)
+            if module is not None:
+                setattr(expert, name, module)
+                replaced.append(f"model.layers.{layer}.mlp.experts.{index}.{name}")
+    return replaced
+
+
+def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias: torch.Tensor | None,
+                   row_order: np.ndarray | None = None, expert: int | None = None) -> nn.Module | None:
+    """One projection over the parts' rows stacked (then in `row_order`, where given), of one
+    `expert`'s rows where the parts stack experts: rows are independent in every block format, so
+    stacking raw rows is exact, as long as the parts share one mapped type (else None). A Q4_K_M
+    file's Q6_K attn_v, for one, leaves its fused qkv_proj in float."""
     if len({part.tensor_type for part in parts}) != 1 or parts[0].tensor_type not in MAPPED_TYPES:
         return None
     rows = []
     for part in parts:
         kind = part.name.split(".")[-2]
-        raw = np.asarray(part.data)
+        raw = np.asarray(part.data) if expert is None else np.asarray(part.data)[expert]
         rows.append(unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw)
     raw = np.concatenate(rows)
     if row_order is not None:

@@ -66,7 +66,7 @@ ARCHITECTURES = {
                                    "short_factor": [1.0 + i / 16 for i in range(12)]})),
     # every layer sparse and the top k renormalised, as llama.cpp takes them
     "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
-                  dict(num_hidden_layers=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+                  dict(num_hidden_layers=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=64,
                        norm_topk_prob=True)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
@@ -149,16 +149,6 @@ def reference(model: transformers.PreTrainedModel, prompt: list[int]) -> tuple[l
             ids.append(token)
             logprobs.append(float(row[token]))
     return ids[len(prompt):], logprobs
-
-
-@pytest.fixture(scope="session")
-def converter() -> Path:
-    """llama.cpp's converter, from the llama-cpp-python sdist pip downloads (once per environment)."""
-    directory = Path(sys.prefix) / "llama.cpp-converter"
-    if not (llamacpp.tree(directory) / "convert_hf_to_gguf.py").is_file():
-        directory.mkdir(exist_ok=True)
-        llamacpp.fetch_tree(directory, llamacpp.CONVERTER_PARTS)
-    return llamacpp.tree(directory)
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
