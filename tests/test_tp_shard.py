@@ -85,3 +85,13 @@ def test_local_config_holds_the_ranks_share():
 def test_a_size_the_model_cannot_split_is_named(changes, word):
     with pytest.raises(ValueError, match=word):
         check_shardable(dataclasses.replace(CONFIG, **changes), 4)
+
+
+@pytest.mark.parametrize("changes, word", [(dict(num_experts=8), "mixture of experts"),
+                                           (dict(qk_norm_over_heads=True), "norms over all heads"),
+                                           (dict(architecture="Phi3ForCausalLM"), "stored fused")])
+def test_what_ranks_cannot_split_yet_is_named_with_the_architecture(changes, word):
+    config = dataclasses.replace(CONFIG, **changes)
+    with pytest.raises(ValueError, match=f"{config.architecture} has .*{word}"):
+        check_shardable(config, 2)
+    check_shardable(config, 1)

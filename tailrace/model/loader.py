@@ -72,8 +72,10 @@ def load_model(
                     tensors = gpt_oss_tensors(tensors)
                 load_tensors(model, tensors, offset)
             else:
+                # named as the model names them before their parts are taken (Gemma 3's image-text ones)
                 lazy = safetensors_tensors(checkpoint_files(path), lazy=True)
-                load_tensors(model, shard_tensors(lazy, config, shard), offset)
+                named = ((_canonical(name), part) for name, part in lazy)
+                load_tensors(model, shard_tensors(named, config, shard), offset)
             reorder_rotary_dims(model)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)

@@ -41,9 +41,14 @@ class Shard:
 def check_shardable(config: ModelConfig, size: int) -> None:
     """ValueError naming the dimension that `size` ranks cannot split."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    if config.num_experts and size > 1:
-        raise ValueError(f"tensor_parallel_size {size}: a mixture-of-experts model ({config.architecture}) is not "
-                         "split across ranks yet")
+    # what each rank cannot compute from its own heads, or what the checkpoint stores fused
+    unsplit = {"a mixture of experts": config.num_experts > 0,
+               "q/k norms over all heads at once": config.qk_norm_over_heads,
+               "q/k/v and gate/up stored fused": config.architecture == "Phi3ForCausalLM"}
+    for what, present in unsplit.items():
+        if present and size > 1:
+            raise ValueError(f"tensor_parallel_size {size}: {config.architecture} has {what}, which is not split "
+                             "across ranks yet")
     if heads % size:
         raise ValueError(f"tensor_parallel_size {size} does not divide the model's {heads} attention heads")
     if kv_heads % size and size % kv_heads:
