@@ -36,6 +36,14 @@ def test_auto_attention_is_the_slab_on_cpus_without_tailraces_kernels(monkeypatc
     assert resolve_attention("auto", "cuda") == "paged"
 
 
+def test_attention_the_slab_cannot_take_goes_to_the_pages_or_is_refused_by_name(monkeypatch):
+    """Sliding windows, another scale, soft caps or sinks (attention.plain_attention)."""
+    monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
+    assert resolve_attention("auto", "cpu", plain=False) == "paged"
+    with pytest.raises(ValueError, match="--attention slab .* use --attention paged"):
+        resolve_attention("slab", "cpu", plain=False)
+
+
 def test_an_explicit_attention_is_kept_on_either_device():
     assert resolve_attention("paged", "cpu") == "paged"
     assert resolve_attention("slab", "cuda") == "slab"
