@@ -4,6 +4,7 @@ Nothing here installs a peer or starts a server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ from tailrace.bench.report import format_comparison, summarize
 from tailrace.bench.serve import LoadConfig
 from tailrace.cli import main
 from tailrace.engine.config import EMBEDDED_MODEL
+from tailrace.model.loader import load_model
 
 
 def settings(**changes: object) -> PeerSettings:
@@ -204,6 +206,21 @@ def test_shape_tensors_add_up_to_the_public_parameter_counts():
         return sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES[name]).values())
     assert count("smollm2-135m") == 134_515_008
     assert count("llama-3.2-1b") == 1_235_814_400
+    assert count("gemma-3-1b") == 999_885_952
+    assert count("phi-4-mini") == 3_836_021_760
+
+
+def test_shapes_of_other_architectures_load_as_their_architecture(tmp_path: Path):
+    """A small Gemma 3 and Phi-3 written as shapes: tailrace's loader reads every tensor (Phi-3's
+    q/k/v and gate/up fused as its checkpoints store them), and Gemma's norms scale by one."""
+    for architecture, model_type, extra in (
+            ("Gemma3ForCausalLM", "gemma3_text", {"query_pre_attn_scalar": 8, "sliding_window": 4}),
+            ("Phi3ForCausalLM", "phi3", {})):
+        shape = dataclasses.replace(TINY, name=model_type, architecture=architecture, model_type=model_type,
+                                    extra=extra)
+        model, config = load_model(str(shapes.write_shape(shape, tmp_path)))
+        assert config.architecture == architecture
+        assert all((layer.input_layernorm.weight == 1).all() for layer in model.model.layers)
 
 
 TINY = shapes.Shape("tiny", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

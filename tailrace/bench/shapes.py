@@ -1,4 +1,5 @@
-"""Model directories of public models' shapes, with seeded random weights, for benchmarks.
+"""Model directories of public models' shapes, with seeded random weights, for benchmarks: the
+tensors the loader reads for the shape's architecture (`loader.checkpoint_shapes`).
 
 Every server of a comparison must read the same weights, and llama.cpp reads only a GGUF converted
 from real files, so a shape is written out in full (config.json, generation_config.json, weights as
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ class Shape:
     vocab_size: int
     max_position_embeddings: int
     rope_parameters: dict[str, Any]
+    architecture: str = "LlamaForCausalLM"
+    model_type: str = "llama"
+    extra: dict[str, Any] = field(default_factory=dict)  # the architecture's own config fields
 
 
 SHAPES = {shape.name: shape for shape in (
@@ -48,40 +52,47 @@ SHAPES = {shape.name: shape for shape in (
           head_dim=64, intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
           rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # google/gemma-3-1b-it's shape: 5 of 6 layers see 512 positions back
+    Shape("gemma-3-1b", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+          head_dim=256, intermediate_size=6912, vocab_size=262144, max_position_embeddings=32768,
+          rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, architecture="Gemma3ForCausalLM",
+          model_type="gemma3_text",
+          extra={"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 512,
+                 "sliding_window_pattern": 6, "rope_local_base_freq": 10_000.0, "rms_norm_eps": 1e-6}),
+    # microsoft/Phi-4-mini-instruct's shape: 3/4 of each head turns (its LongRoPE factors, which
+    # cost nothing per step, are not the shape's)
+    Shape("phi-4-mini", hidden_size=3072, num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
+          head_dim=128, intermediate_size=8192, vocab_size=200064, max_position_embeddings=131072,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+          architecture="Phi3ForCausalLM", model_type="phi3"),
 )}
 
 
 def shape_config(shape: Shape, tokenizer_config: dict[str, Any]) -> dict[str, Any]:
-    """config.json of a float32 Llama of `shape`; special token ids come from the tokenizer's model."""
-    fields = {k: v for k, v in asdict(shape).items() if k != "name"}
+    """config.json of a float32 model of `shape` with tied embeddings; special token ids come from
+    the tokenizer's model."""
+    fields = {k: v for k, v in asdict(shape).items() if k not in ("name", "architecture", "model_type", "extra")}
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float32",
+        "architectures": [shape.architecture], "model_type": shape.model_type, "dtype": "float32",
         **fields, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
         "attention_bias": False, "mlp_bias": False, "initializer_range": INIT_STD, "use_cache": True,
         "bos_token_id": tokenizer_config["bos_token_id"], "eos_token_id": tokenizer_config["eos_token_id"],
-        "pad_token_id": tokenizer_config.get("pad_token_id"),
+        "pad_token_id": tokenizer_config.get("pad_token_id"), **shape.extra,
     }
 
 
 def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
-    """Every weight of a Llama with tied embeddings, by its Hugging Face name."""
-    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
-    tensors: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, shape.hidden_size),
-                                           "model.norm.weight": (shape.hidden_size,)}
-    for i in range(shape.num_hidden_layers):
-        prefix = f"model.layers.{i}."
-        tensors |= {
-            prefix + "input_layernorm.weight": (shape.hidden_size,),
-            prefix + "post_attention_layernorm.weight": (shape.hidden_size,),
-            prefix + "self_attn.q_proj.weight": (q, shape.hidden_size),
-            prefix + "self_attn.k_proj.weight": (kv, shape.hidden_size),
-            prefix + "self_attn.v_proj.weight": (kv, shape.hidden_size),
-            prefix + "self_attn.o_proj.weight": (shape.hidden_size, q),
-            prefix + "mlp.gate_proj.weight": (shape.intermediate_size, shape.hidden_size),
-            prefix + "mlp.up_proj.weight": (shape.intermediate_size, shape.hidden_size),
-            prefix + "mlp.down_proj.weight": (shape.hidden_size, shape.intermediate_size),
-        }
-    return tensors
+    """Every weight of the shape's model, by its Hugging Face name: what the loader reads (a model
+    built on the meta device, so no memory is taken)."""
+    import torch
+
+    from tailrace.model.config import parse_model_config
+    from tailrace.model.llama import LlamaForCausalLM
+    from tailrace.model.loader import checkpoint_shapes
+
+    config = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0}))
+    with torch.device("meta"):
+        return checkpoint_shapes(LlamaForCausalLM(config, torch.float32))
 
 
 def tokenizer_size(tokenizer_json: Path) -> int:
@@ -92,13 +103,17 @@ def tokenizer_size(tokenizer_json: Path) -> int:
 
 
 def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]:
-    """Seeded per tensor name, so a tensor's values do not depend on the others; norms are ones."""
+    """Seeded per tensor name, so a tensor's values do not depend on the others; norms scale by one
+    (Gemma's are stored as the scale less one)."""
     import torch
 
+    from tailrace.model.config import parse_model_config
+
+    offset = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0})).norm_weight_offset
     weights = {}
     for name, size in tensor_shapes(shape).items():
         if name.endswith("norm.weight"):
-            weights[name] = torch.ones(size)
+            weights[name] = torch.full(size, 1.0 - offset)
             continue
         generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
         weights[name] = torch.randn(size, generator=generator) * INIT_STD
@@ -122,6 +137,9 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     partial.mkdir(parents=True)
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, partial / name)
+    if shape.architecture == "Phi3ForCausalLM":  # llama.cpp converts a byte-level BPE Phi-3 (Phi-4's) by this class
+        settings = json.loads((partial / "tokenizer_config.json").read_text())
+        (partial / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
     save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})

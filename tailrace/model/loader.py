@@ -147,6 +147,25 @@ def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[
                 yield name, f.get_slice(name) if lazy else f.get_tensor(name)
 
 
+def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
+    """The Hugging Face checkpoint tensors `model` loads from, with their shapes: fused projections
+    as their parts (q/k/v, gate/up), but for an architecture whose checkpoints store them fused
+    (Phi-3); what bench/shapes.py writes random weights for."""
+    fused_stored = model.config.architecture == "Phi3ForCausalLM"
+    shapes = {}
+    for name, param in model.named_parameters():
+        module, _, kind = name.rpartition(".")
+        prefix, _, projection = module.rpartition(".")
+        parts = [(part, index) for part, (fused, index) in _FUSED_PARTS.items() if fused == projection]
+        if not parts or fused_stored:
+            shapes[name] = tuple(param.shape)
+            continue
+        for part, index in parts:
+            rows = _part_rows(projection, index, model.config, param)[1]
+            shapes[f"{prefix}.{part}.{kind}"] = (rows, *param.shape[1:])
+    return shapes
+
+
 def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """gpt-oss's checkpoint in transformers 5's layout (load_tensors splits it by expert): the
     router as mlp.gate; the experts stacked [experts, in, out] with gate and up interleaved
