@@ -108,7 +108,7 @@ def test_a_window_as_long_as_the_context_is_no_window():
 
 def test_qwen_sliding_window_ignored_unless_enabled():
     config = parse(architectures=["Qwen2ForCausalLM"], sliding_window=128, use_sliding_window=False)
-    assert (config.sliding_window, config.max_position_embeddings) == (None, 512)
+    assert (config.layer_windows, config.max_position_embeddings) == ([None, None], 512)
 
 
 GEMMA = {"query_pre_attn_scalar": 144, "head_dim": 16, "sliding_window": 64}
@@ -150,7 +150,7 @@ def test_smollm3_layers_without_rope_from_the_list_or_the_interval():
     config = parse(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8, no_rope_layer_interval=4,
                    sliding_window=128)
     assert config.layer_rope == ["global"] * 3 + [None] + ["global"] * 3 + [None]
-    assert config.sliding_window is None  # SmolLM3's window applies only with use_sliding_window
+    assert config.layer_windows == [None] * 8  # SmolLM3's window applies only with use_sliding_window
 
 
 def test_phi3_partial_rotary_and_longrope_factors_chosen_by_the_context_served():

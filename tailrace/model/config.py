@@ -122,11 +122,6 @@ class ModelConfig:
         self.attention_scale = self.attention_scale or self.head_dim**-0.5
         self.rotary_dim = self.rotary_dim or self.head_dim
 
-    @property
-    def sliding_window(self) -> int | None:
-        """The narrowest layer window, None when every layer sees all positions."""
-        return min((w for w in self.layer_windows if w is not None), default=None)
-
 
 def load_model_config(path: str) -> ModelConfig:
     """Read `path/config.json`; stop tokens from `generation_config.json` are added when present.

@@ -239,7 +239,7 @@ def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> 
     from tailrace.model.llama import rope_inverse_frequencies  # here: llama imports config, which imports this
 
     def frequencies(scaling: dict | None) -> torch.Tensor:
-        rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rope_scaling=scaling,
+        rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rotary_dim=2 * rope_freqs.numel(), rope_scaling=scaling,
                                rope_theta=metadata(reader, f"{arch}.rope.freq_base", 10000.0))
         return rope_inverse_frequencies(rope)  # type: ignore[arg-type]
 

@@ -75,20 +75,20 @@ class RMSNorm(Module):
 def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch.Tensor:
     """Per-pair rotation frequencies [rotary_dim / 2], float32: the global table's with the configured
     scaling, or the local one's (config.local_rope_theta, unscaled)."""
-    dim = getattr(config, "rotary_dim", config.head_dim)
+    dim = config.rotary_dim
     theta = config.rope_theta if kind == "global" else config.local_rope_theta
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    powers = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     scaling = config.rope_scaling if kind == "global" else None
     if scaling is not None and scaling["rope_type"] == "longrope":
         factors = torch.tensor(scaling["long_factor" if scaling["long"] else "short_factor"], dtype=torch.float32)
-        return 1.0 / (factors * theta**exponents)
-    inv_freq = 1.0 / (theta**exponents)
+        return 1.0 / (factors * powers)
+    inv_freq = 1.0 / powers
     if scaling is None:
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
     if scaling["rope_type"] == "yarn":
-        return _yarn_frequencies(theta**exponents, scaling, dim, theta)
+        return _yarn_frequencies(powers, scaling, dim, theta)
     return _llama3_frequencies(inv_freq, scaling)
 
 
@@ -141,7 +141,7 @@ class Rotary(Module):
         scaling = config.rope_scaling if kind == "global" else None
         if scaling is not None and "attention_factor" in scaling:
             cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
-        still = (config.head_dim - getattr(config, "rotary_dim", config.head_dim)) // 2
+        still = (config.head_dim - config.rotary_dim) // 2
         cos = F.pad(cos, (0, still), value=1.0)
         sin = F.pad(sin, (0, still), value=0.0)
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)

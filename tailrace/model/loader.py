@@ -154,15 +154,12 @@ def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
     fused_stored = model.config.architecture == "Phi3ForCausalLM"
     shapes = {}
     for name, param in model.named_parameters():
-        module, _, kind = name.rpartition(".")
-        prefix, _, projection = module.rpartition(".")
-        parts = [(part, index) for part, (fused, index) in _FUSED_PARTS.items() if fused == projection]
+        parts = _fused_parts(name)
         if not parts or fused_stored:
             shapes[name] = tuple(param.shape)
             continue
-        for part, index in parts:
-            rows = _part_rows(projection, index, model.config, param)[1]
-            shapes[f"{prefix}.{part}.{kind}"] = (rows, *param.shape[1:])
+        for part_name, fused, index in parts:
+            shapes[part_name] = (_part_rows(fused, index, model.config, param)[1], *param.shape[1:])
     return shapes
 
 
@@ -231,11 +228,18 @@ def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[l
     projection also its parts (listed last: what a missing parameter is reported as)."""
     sources = {}
     for name in params:
-        module, _, kind = name.rpartition(".")
-        prefix, _, projection = module.rpartition(".")
-        parts = [f"{prefix}.{part}.{kind}" for part, (fused, _) in _FUSED_PARTS.items() if fused == projection]
+        parts = [part_name for part_name, _, _ in _fused_parts(name)]
         sources[name] = [[name], parts] if parts else [[name]]
     return sources
+
+
+def _fused_parts(name: str) -> list[tuple[str, str, int]]:
+    """For a fused projection's parameter (qkv_proj, gate_up_proj), each part's checkpoint name,
+    the projection and the part's index in it; [] for any other parameter."""
+    module, _, kind = name.rpartition(".")
+    prefix, _, projection = module.rpartition(".")
+    return [(f"{prefix}.{part}.{kind}", fused, index) for part, (fused, index) in _FUSED_PARTS.items()
+            if fused == projection]
 
 
 def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
