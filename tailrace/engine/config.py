@@ -81,7 +81,7 @@ def resolve_device(device: str, cuda_available: bool) -> str:
 
 def resolve_attention(attention: str, device: str, plain: bool = True) -> str:
     """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
-    kernel on CPUs with AVX512 (model/cpu_kernels.py). Elsewhere on CPU it is the slot slab,
+    kernel on CPUs with AVX512 or AVX2 (model/cpu_kernels.py). Elsewhere on CPU it is the slot slab,
     which measured faster there than PyTorch ops over the pages, for a model whose attention is
     `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
     if attention == "auto":

@@ -1,4 +1,4 @@
-"""bfloat16 and float32 projections on AVX512 CPUs through tailrace's own kernel
+"""bfloat16 and float32 projections on AVX512 and AVX2 CPUs through tailrace's own kernel
 (csrc/bf16_linear.cpp): for bfloat16 the dot product where the CPU has AVX512-BF16, two float32
 FMAs a pair where it has not; for float32 one FMA a value.
 
@@ -24,7 +24,7 @@ _LANES = 16
 
 
 def available() -> bool:
-    """The kernels are built (this CPU has AVX512)."""
+    """The kernels are built (this CPU has AVX512 or AVX2, cpu_kernels.target)."""
     return kernels() is not None
 
 

@@ -3,24 +3,25 @@
 - `linear`: bfloat16 projections over weights packed at load (AVX512-BF16, AMX tiles where
   the CPU has them: bf16_amx.cpp, float32 FMAs where it has neither), and float32 ones on the same
   tiles, see bf16_linear.py.
-- `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32 (AVX512).
-- `int_linear`: int8 and int4 projections over integer codes and float16 scales (AVX512-VNNI),
-  see int_linear.py.
-- `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each (AVX512),
-  see cpu_ops.py.
-- `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows (AVX512), see
-  engine/structured.py.
-- `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it (AVX512),
-  see engine/sampler.py.
+- `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32.
+- `int_linear`: int8 and int4 projections over integer codes and float16 scales (VNNI's dot
+  products, or AVX2's), see int_linear.py.
+- `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each, see
+  cpu_ops.py.
+- `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows, see engine/structured.py.
+- `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it, see
+  engine/sampler.py.
 - `DecoderForward`, `DecoderForwardFloat32`: a bfloat16 forward (bfloat16 or integer projections)
   or a float32 one, token ids to the final norm, in one call to the kernels above, see
   cpu_ops.FusedForward.
 
 Each gives every row the same bits whatever the batch, chunking or thread count, which the
 engine's exactness rests on. torch.utils.cpp_extension builds them with ninja and the system's
-C++ compiler (about a minute, kept in the environment's tailrace-cpu-kernels/); where that
-cannot happen, or the CPU lacks AVX512, `kernels()` is None and the model keeps the oneDNN/SDPA
-paths. TAILRACE_CPU_KERNELS=0 turns them off.
+C++ compiler (about a minute on a Zen 4, seven on a 2-core Zen 1; kept in the environment's
+tailrace-cpu-kernels/) for one of two targets (`target`): AVX-512, or x86-64-v3 (AVX2, FMA, F16C:
+every AMD before Zen 4, Intel's client chips since Alder Lake), where csrc/avx2.h gives the same
+sources the same bits on two AVX2 halves of each vector. Where neither builds, or the CPU has
+neither, `kernels()` is None and the model keeps the oneDNN/SDPA paths.
 """
 
 from __future__ import annotations
@@ -39,17 +40,34 @@ logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
                          "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp")]
-_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile",
-          "-mamx-bf16"]
+_COMMON_FLAGS = ["-O3", "-fopenmp"]
+# One build per instruction set: AVX-512 (with BF16, VNNI and AMX instructions, each used only where
+# the CPU has it) or x86-64-v3 (AVX2, FMA, F16C), where csrc/avx2.h gives the same kernels.
+_TARGETS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+}
 
 
-def _build_directory() -> str | None:
-    """One build per environment (.venv and .venv-ray each have theirs): in a shared directory each
-    would find the other's build flags (its torch's include paths) and rebuild. None: torch's
-    default directory, where the environment is not writable."""
-    directory = Path(sys.prefix) / "tailrace-cpu-kernels"
+def target() -> str | None:
+    """The build this CPU runs, as torch detects its instruction sets: "avx512" (F, BW, VL and DQ),
+    "avx2", or None (no kernels). TAILRACE_CPU_KERNELS=0 turns them off, =avx2 takes the AVX2 build
+    on an AVX-512 CPU too."""
+    asked = os.environ.get("TAILRACE_CPU_KERNELS", "1")
+    if asked == "0":
+        return None
+    if asked != "avx2" and torch.cpu._is_avx512_supported():
+        return "avx512"
+    return "avx2" if torch.cpu._is_avx2_supported() else None
+
+
+def _build_directory(name: str) -> str | None:
+    """One build per environment (.venv and .venv-ray each have theirs) and target: in a shared
+    directory each would find the other's build flags (its torch's include paths) and rebuild.
+    None: torch's default directory, where the environment is not writable."""
+    directory = Path(sys.prefix) / "tailrace-cpu-kernels" / name
     try:
-        directory.mkdir(exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
     return str(directory)
@@ -60,18 +78,18 @@ def kernels() -> ModuleType | None:
     """The compiled module, or None where it cannot run here."""
     from torch.utils import cpp_extension
 
-    # AVX512 F, BW, VL (and DQ), what every kernel executes, as torch itself detects it
-    if os.environ.get("TAILRACE_CPU_KERNELS", "1") == "0" or not torch.cpu._is_avx512_supported():
+    isa = target()
+    if isa is None:
         return None
-
+    name = "tailrace_cpu_kernels" if isa == "avx512" else f"tailrace_cpu_kernels_{isa}"
     path = os.environ.get("PATH", "")
     try:
         import ninja  # the pip package's binary: a venv's bin/ need not be on PATH
 
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])
-        return cpp_extension.load(name="tailrace_cpu_kernels", sources=[str(s) for s in _SOURCES],
-                                  extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False,
-                                  build_directory=_build_directory())
+        return cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
+                                  extra_cflags=_COMMON_FLAGS + _TARGETS[isa], extra_ldflags=["-fopenmp"],
+                                  verbose=False, build_directory=_build_directory(name))
     except Exception as error:  # no compiler or ninja: the PyTorch paths serve instead
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         logger.warning("tailrace's CPU kernels did not build (%s); using PyTorch's kernels", first_line)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.model import bf16_linear
-from tailrace.model.llama import Embedding, LlamaForCausalLM, Module, replace_projections
+from tailrace.model.llama import Embedding, Linear, LlamaForCausalLM, Module, replace_projections
 
 # The row count oneDNN picks its blocking for: decode batches of a loaded server, measured best
 # over 1, 8 and 32 rows against a hint of 1.
@@ -35,9 +35,16 @@ class PackedLinear(Module):
 
 
 def packable(dtype: torch.dtype, device: torch.device) -> bool:
-    """oneDNN runs float32 on any x86 CPU, bfloat16 only where it has the instructions for it."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    """tailrace's kernel takes either dtype wherever it runs (bfloat16 by two FMAs a pair where the
+    CPU lacks AVX512-BF16); oneDNN runs float32 on any x86 CPU, bfloat16 only where it has the
+    instructions for it."""
+    if device.type != "cpu":
         return False
+    return ((bf16_linear.available() and bf16_linear.kernel_linear(dtype) is not None)
+            or (torch.backends.mkldnn.is_available() and _onednn_takes(dtype)))
+
+
+def _onednn_takes(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -45,15 +52,20 @@ def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     """Every projection (and the tied LM head) packed once, in place: through tailrace's kernel
     where it runs (faster than oneDNN over the benchmark shapes' projections at 1-128 rows, either
     dtype, bench/bf16_linear_ab.py), the
-    rest as a oneDNN PackedLinear. A tied model's lookups then read the kernel's packed head, so
-    its table is not held twice."""
+    rest as a oneDNN PackedLinear where oneDNN takes the dtype, else left plain. A tied model's
+    lookups then read the kernel's packed head, so its table is not held twice."""
     own = bf16_linear.kernel_linear(model.dtype) if bf16_linear.available() else None
+    onednn = torch.backends.mkldnn.is_available() and _onednn_takes(model.dtype)
     tied = model.lm_head is None
 
     def make(weight: torch.Tensor, bias: torch.Tensor | None) -> Module:
         if own is not None and bf16_linear.kernel_takes(weight):
             return own(weight, bias)
-        return PackedLinear(weight, bias)
+        if onednn:
+            return PackedLinear(weight, bias)
+        plain = Linear(weight.shape[1], weight.shape[0], bias is not None, weight.dtype)
+        plain.weight, plain.bias = weight, bias
+        return plain
 
     replace_projections(model, make)
     if tied and own is not None and isinstance(model.lm_head, own) and isinstance(model.model.embed_tokens, Embedding):

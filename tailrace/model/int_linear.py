@@ -1,4 +1,5 @@
-"""int8 and int4 projections through tailrace's kernel (csrc/int_linear.cpp) on CPUs with AVX512-VNNI.
+"""int8 and int4 projections through tailrace's kernel (csrc/int_linear.cpp) on CPUs with AVX512-VNNI
+or AVX2.
 
 A weight arrives as integer codes with scales (and zero points) per output row or per block of 32
 inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.model.bf16_linear import padded, pair_layout
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.cpu_kernels import kernels, target
 from tailrace.model.llama import Module
 
 _LANES = 16
@@ -23,8 +24,9 @@ BLOCK = 32  # inputs per activation scale, and per weight group where the scales
 
 
 def available() -> bool:
-    """This CPU has the int16 dot product the kernel runs on (AVX512-VNNI), and the kernels built."""
-    return torch.cpu._is_vnni_supported() and kernels() is not None
+    """The kernels built, and this CPU has the integer dot products they run on: AVX512-VNNI, or
+    AVX2's in the x86-64-v3 build (csrc/avx2.h)."""
+    return kernels() is not None and (target() == "avx2" or torch.cpu._is_vnni_supported())
 
 
 def takes(in_features: int) -> bool:

@@ -1,11 +1,11 @@
 """Attention read straight from the paged KV cache through block tables: the cache of CUDA and of
-CPUs with AVX512.
+CPUs with AVX512 or AVX2.
 
 `PagedKVCache` has the public interface of `attention.KVCache`, without its slot slab: nothing
 is copied out of the pages. Each step, `begin` sends the batch's metadata (where each sequence's
 rows start, its K/V length, its block table) to the device in one copy, into tensors that keep
 their addresses for CUDA graphs. Attention then runs the Triton kernel on CUDA, tailrace's own
-kernel on CPUs with AVX512 (csrc/paged_attention.cpp: each position's attention is one fixed
+kernel on CPUs with AVX512 or AVX2 (csrc/paged_attention.cpp: each position's attention is one fixed
 computation, the same bits in any batch, chunking or thread count), or
 `paged_attention_reference` (plain PyTorch, one SDPA call per sequence) where neither can run.
 """

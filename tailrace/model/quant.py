@@ -5,7 +5,7 @@ per output row (int8) or per row and group of 32 inputs (int4, and GGUF's blocks
 model/gguf_quant.py reads into the same form without going through float). `linear_for` turns one
 into the module that multiplies by it:
 
-- on CPUs with AVX512-VNNI, tailrace's kernel (model/int_linear.py), which takes every form as it
+- on CPUs with AVX512-VNNI or AVX2, tailrace's kernel (model/int_linear.py), which takes every form as it
   is, scales in float16;
 - elsewhere PyTorch's own kernels, `aten._weight_int8pack_mm` (per-row scales) and
   `aten._weight_int4pack_mm_for_cpu` (groups), with bfloat16 activations and scales. Measured on

@@ -28,6 +28,8 @@
 
 #include "vec.h"
 
+#ifdef __AMX_TILE__
+
 namespace {
 
 using tailrace::kLanes;
@@ -163,3 +165,16 @@ bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_
 }
 
 }  // namespace tailrace
+
+#else  // the x86-64-v3 build: no AMX CPU lacks AVX-512, so the AVX-512 build serves every one
+
+namespace tailrace {
+
+bool bf16_linear_amx(const c10::BFloat16*, const c10::BFloat16*, int64_t, const float*, c10::BFloat16*, int64_t,
+                     int64_t, int64_t) {
+    return false;
+}
+
+}  // namespace tailrace
+
+#endif

@@ -9,6 +9,10 @@
 
 #include <cstdint>
 
+#ifndef __AVX512F__
+#include "avx2.h"  // the x86-64-v3 build: the same kernels on two AVX2 halves
+#endif
+
 namespace tailrace {
 
 constexpr int kLanes = 16;
