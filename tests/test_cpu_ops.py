@@ -13,7 +13,8 @@ import torch
 
 from tailrace.model import cpu_ops
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.llama import RMSNorm, apply_rotary, gelu_tanh_and_mul, silu_and_mul
+from tailrace.model.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
+                                  swiglu_oai_and_mul)
 from tailrace.model.loader import load_model
 
 from conftest import EMBEDDED
@@ -98,6 +99,50 @@ def test_subnormals_are_kept_by_the_integer_rounding_and_only_they_may_differ_na
         assert torch.equal(integer, eager)
         differ = here != eager  # where a value rounded on the way was subnormal: zero, not a tiny value
         assert (here[differ] == 0).all() and (eager[differ].float().abs() < 1e-30).all()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_swiglu_oai_mul_is_gpt_oss_eager_gate_within_rounding(dtype, tolerance):
+    """Its sigmoid is 1 / (1 + e^-x) by the kernels' exp, not torch's: within a rounding of the
+    eager ops, each rounded at the same points; the caps bite on both sides."""
+    gate_up = (torch.randn(3, 2 * 200) * 6).to(dtype)
+    gate_up[0, :3] = torch.tensor([-200.0, 200.0, 0.0])
+    gate_up[0, 200:203] = torch.tensor([-200.0, 200.0, -0.0])
+    got = kernels().swiglu_oai_mul(gate_up, alpha=1.702, limit=7.0)
+    expected = swiglu_oai_and_mul(gate_up, alpha=1.702, limit=7.0)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
+    assert 55.9 < got[0, 1].item() <= 56.0  # (limit + 1) * limit * sigmoid(1.702 limit), both capped
+
+
+ROUTINGS = [dict(top_k=2, topk_first=False, normalize=True, float32_weights=False),  # Qwen3-MoE
+            dict(top_k=3, topk_first=False, normalize=False, float32_weights=False),
+            dict(top_k=2, topk_first=False, normalize=True, float32_weights=True),  # Mixtral
+            dict(top_k=4, topk_first=True, normalize=False, float32_weights=False)]  # gpt-oss
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_route_experts_chooses_as_the_eager_router_does(routing, dtype):
+    """The same experts in the same order (logits far enough apart that rounding cannot swap two),
+    weights within a rounding, in the dtype the reference returns; a row's choice alone is its
+    choice in any batch."""
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.stack([torch.randperm(8, generator=g) for _ in range(40)]).float() * 0.3 - 1).to(dtype)
+    weights, chosen = kernels().route_experts(logits, **routing)
+    expected_weights, expected_chosen = choose_experts(logits, **routing)
+    assert torch.equal(chosen, expected_chosen) and weights.dtype == expected_weights.dtype
+    torch.testing.assert_close(weights.float(), expected_weights.float(), rtol=1e-2, atol=1e-5)
+    alone = kernels().route_experts(logits[17:18], **routing)
+    assert torch.equal(alone[0], weights[17:18]) and torch.equal(alone[1], chosen[17:18])
+
+
+def test_route_experts_breaks_a_tie_towards_the_lower_expert():
+    logits = torch.tensor([[0.5, 2.0, 0.5, 2.0, 0.5]])
+    _, chosen = kernels().route_experts(logits, top_k=3, topk_first=False, normalize=True, float32_weights=True)
+    assert chosen.tolist() == [[1, 3, 0]]
+    with pytest.raises(RuntimeError, match="top_k"):
+        kernels().route_experts(logits, top_k=6, topk_first=False, normalize=True, float32_weights=True)
 
 
 def test_kernels_refuse_what_they_cannot_compute():

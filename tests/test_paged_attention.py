@@ -56,9 +56,9 @@ def random_inputs(specs: list[tuple[int, int]], group: int, num_rows: int, seed:
     return q, k_pages, v_pages
 
 
-def naive_attention(q, k_pages, v_pages, specs, meta, how: LayerAttention = PLAIN) -> torch.Tensor:
+def naive_attention(q, k_pages, v_pages, specs, meta, how: LayerAttention = PLAIN, sinks=None) -> torch.Tensor:
     """Row by row, each query's softmax over exactly the keys it may see (its last how.window
-    positions where set): no mask, no SDPA."""
+    positions where set), and each head's sink where given: no mask, no SDPA."""
     group, bs = q.shape[1] // k_pages.shape[1], meta.block_size
     out, row = torch.zeros_like(q), 0
     for seq, (past, q_len) in enumerate(specs):
@@ -70,7 +70,8 @@ def naive_attention(q, k_pages, v_pages, specs, meta, how: LayerAttention = PLAI
             scores = torch.einsum("hd,shd->hs", q[row], keys[first:seen]) * how.scale
             if how.softcap is not None:
                 scores = (scores / how.softcap).tanh() * how.softcap
-            out[row] = torch.einsum("hs,shd->hd", scores.softmax(-1), values[first:seen])
+            weights = scores.softmax(-1) if sinks is None else torch.cat((scores, sinks[:, None]), 1).softmax(-1)[:, :-1]
+            out[row] = torch.einsum("hs,shd->hd", weights, values[first:seen])
             row += 1
     return out
 
@@ -131,6 +132,29 @@ def test_cpu_kernel_takes_windows_scales_and_soft_caps(how, block_size, dtype, t
     expected = naive_attention(q.to(dtype).float(), k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta,
                                how)
     torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("how", [PLAIN, WINDOWED[0]])
+def test_cpu_kernel_takes_attention_sinks(how, dtype, tolerance):
+    """A sink joins each head's softmax (gpt-oss): large ones take most of the weight, small ones
+    almost none, and the reference over the pages agrees."""
+    meta = make_meta(MIXED, 16, NUM_BLOCKS, seed=7)
+    q, k_pages, v_pages = random_inputs(MIXED, 3, NUM_BLOCKS * 16, seed=8)
+    sinks = torch.tensor([3.0, -2.0, 0.5, 8.0, -30.0, 1.0]).to(dtype)
+    out = kernels().paged_attention(q.to(dtype), k_pages.to(dtype), v_pages.to(dtype), meta.query_start_loc,
+                                    meta.seq_lens, meta.block_tables, 16, meta.num_seqs, how.scale, how.window or 0,
+                                    0.0, sinks)
+    args = (q.to(dtype).float(), k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta, how)
+    expected = naive_attention(*args, sinks=sinks.float())
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    assert not torch.allclose(expected, naive_attention(*args), atol=0.1)
+    reference = paged_attention_reference(q.to(dtype), k_pages.to(dtype), v_pages.to(dtype), meta, how, sinks)
+    torch.testing.assert_close(out.float(), reference.float(), atol=tolerance, rtol=tolerance)
+    with pytest.raises(RuntimeError, match="sinks"):
+        kernels().paged_attention(q, k_pages, v_pages, meta.query_start_loc, meta.seq_lens, meta.block_tables, 16,
+                                  meta.num_seqs, SCALE, 0, 0.0, torch.zeros(5))
 
 
 @needs_kernels

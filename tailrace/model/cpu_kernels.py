@@ -6,11 +6,13 @@
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32.
 - `int_linear`: int8 and int4 projections over integer codes and float16 scales (VNNI's dot
   products, or AVX2's), see int_linear.py.
-- `rms_norm`, `rotary`, `silu_mul`: a decoder layer's elementwise steps, one call each, see
-  cpu_ops.py.
+- `rms_norm`, `rotary`, `silu_mul`, `gelu_tanh_mul`, `swiglu_oai_mul`: a decoder layer's
+  elementwise steps, one call each, see cpu_ops.py.
 - `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows, see engine/structured.py.
 - `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it, see
   engine/sampler.py.
+- `route_experts`: a mixture of experts' choice of experts and their weights for each row, see
+  llama.MoE.
 - `DecoderForward`, `DecoderForwardFloat32`: a bfloat16 forward (bfloat16 or integer projections)
   or a float32 one, token ids to the final norm, in one call to the kernels above, see
   cpu_ops.FusedForward.
@@ -39,8 +41,10 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
-                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp")]
-_COMMON_FLAGS = ["-O3", "-fopenmp"]
+                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp", "experts.cpp")]
+# -ffp-contract=off: a float a + b * c stays two roundings, as the reference's eager ops round it
+# (GCC would fuse it into one FMA; the kernels' own FMAs are explicit).
+_COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 # One build per instruction set: AVX-512 (with BF16, VNNI and AMX instructions, each used only where
 # the CPU has it) or x86-64-v3 (AVX2, FMA, F16C), where csrc/avx2.h gives the same kernels.
 _TARGETS = {

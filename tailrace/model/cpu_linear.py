@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.model import bf16_linear
-from tailrace.model.llama import Embedding, Linear, LlamaForCausalLM, Module, replace_projections
+from tailrace.model.llama import Embedding, Linear, LlamaForCausalLM, Module, MoE, replace_projections
 
 # The row count oneDNN picks its blocking for: decode batches of a loaded server, measured best
 # over 1, 8 and 32 rows against a hint of 1.
@@ -73,3 +73,17 @@ def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
         # bfloat16, 113 MB in float32; Llama 3.2 1B's: 525 MB / 1 GB) instead of two.
         model.model.embed_tokens = bf16_linear.PackedEmbedding(model.lm_head)
     return model
+
+
+def pack_routers(model: LlamaForCausalLM) -> None:
+    """Each mixture of experts' router through tailrace's kernel at the model's dtype, in place,
+    whether or not the rest is packed or quantized: its logits then never depend on the batch
+    (oneDNN's and MKL's blocking follows the row count), so neither does a token's choice of
+    experts, and the whole-forward loop runs the same router (cpu_ops.FusedForward)."""
+    own = bf16_linear.kernel_linear(model.dtype) if bf16_linear.available() else None
+    if own is None:
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, MoE) and bf16_linear.kernel_takes(module.gate.weight):
+                module.gate = own(module.gate.weight, module.gate.bias)

@@ -17,14 +17,17 @@ on either path; a batch-1 decode step of SmolLM2-135M's 30 layers went from 14.7
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tailrace.model.attention import AttentionBatch, KVCache
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.cpu_linear import pack_linears, packable
+from tailrace.model.cpu_linear import pack_linears, pack_routers, packable
 from tailrace.model.huge_pages import Arena
 from tailrace.model.int_linear import IntLinear
+from tailrace.model.config import ModelConfig
 from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
                                   replace_elementwise)
 from tailrace.model.paged_attention import PagedKVCache
@@ -51,13 +54,25 @@ def usable(model: LlamaForCausalLM, device: torch.device) -> bool:
 
 
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Every RMSNorm, rotary embedding and activation-and-multiply of the model through the kernels, in place."""
+    """Every RMSNorm, rotary embedding, activation-and-multiply and choice of experts of the model
+    through the kernels, in place."""
     ops = kernels()
-    return replace_elementwise(model, KernelRMSNorm, ops.rotary, _act_and_mul())
+    replace_elementwise(model, KernelRMSNorm, ops.rotary, _act_and_mul(model.config))
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.choose = functools.partial(ops.route_experts, **module.routing)
+    return model
 
 
-def _act_and_mul() -> dict:
-    return {"silu": kernels().silu_mul, "gelu_tanh": kernels().gelu_tanh_mul}
+def _act_and_mul(config: ModelConfig) -> dict:
+    ops = kernels()
+    return {"silu": ops.silu_mul, "gelu_tanh": ops.gelu_tanh_mul,
+            "swiglu_oai": functools.partial(ops.swiglu_oai_mul, alpha=config.swiglu_alpha, limit=config.swiglu_limit)}
+
+
+def _runs_kernel(function: object) -> bool:
+    """function is one of the kernels' (or a partial of one)."""
+    return getattr(function, "func", function) in vars(kernels()).values()
 
 
 class FusedForward:
@@ -68,25 +83,35 @@ class FusedForward:
         config = model.config
         self.dtype = model.dtype
         forward = kernels().DecoderForward if model.dtype == torch.bfloat16 else kernels().DecoderForwardFloat32
+        routing = next((layer.mlp.routing for layer in model.model.layers if isinstance(layer.mlp, MoE)),
+                       {"top_k": 0, "topk_first": False, "normalize": False, "float32_weights": False})
         self._forward = forward(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                config.head_dim, config.intermediate_size, config.rms_norm_eps,
-                                gelu=config.hidden_act == "gelu_tanh", embedding_multiplier=config.embedding_multiplier,
-                                scale=config.attention_scale, softcap=config.attention_softcap or 0.0)
+                                config.head_dim, config.intermediate_size, config.rms_norm_eps, act=config.hidden_act,
+                                embedding_multiplier=config.embedding_multiplier, scale=config.attention_scale,
+                                softcap=config.attention_softcap or 0.0, residual_multiplier=config.residual_multiplier,
+                                swiglu_alpha=config.swiglu_alpha, swiglu_limit=config.swiglu_limit,
+                                moe_intermediate=config.moe_intermediate_size, experts_per_token=routing["top_k"],
+                                topk_first=routing["topk_first"], normalize_topk=routing["normalize"],
+                                router_float32=routing["float32_weights"])
         tables = [getattr(model.model, name) for name in ROTARY_MODULES.values() if hasattr(model.model, name)]
         table_index = {kind: i for i, kind in enumerate(kind for kind, name in ROTARY_MODULES.items()
                                                         if hasattr(model.model, name))}
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            sandwich = layer.pre_feedforward_layernorm is not None
+            # Gemma's sandwich and OLMo 2's post norms norm each block's output (DecoderLayer)
+            outputs_normed = layer.post_feedforward_layernorm is not None
+            experts = mlp.experts if isinstance(mlp, MoE) else []
             self._forward.add_layer(
-                input_norm=layer.input_layernorm.weight, qkv=_buffers(attn.qkv_proj),
-                q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-                k_norm=None if attn.k_norm is None else attn.k_norm.weight, o=_buffers(attn.o_proj),
-                post_norm=(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm).weight,
-                gate_up=_buffers(mlp.gate_up_proj), down=_buffers(mlp.down_proj),
-                attn_out_norm=layer.post_attention_layernorm.weight if sandwich else None,
-                ffn_out_norm=layer.post_feedforward_layernorm.weight if sandwich else None,
-                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0)
+                input_norm=_weight(layer.input_layernorm), qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm),
+                k_norm=_weight(attn.k_norm), o=_buffers(attn.o_proj),
+                mlp_norm=_weight(layer.pre_feedforward_layernorm if outputs_normed else layer.post_attention_layernorm),
+                gate_up=[] if experts else _buffers(mlp.gate_up_proj), down=[] if experts else _buffers(mlp.down_proj),
+                attn_out_norm=layer.post_attention_layernorm.weight if outputs_normed else None,
+                ffn_out_norm=_weight(layer.post_feedforward_layernorm),
+                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
+                sinks=attn.sinks, router=_buffers(mlp.gate) if experts else [],
+                expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
+                expert_down=[_buffers(expert.down_proj) for expert in experts])
         embed = model.model.embed_tokens
         packed = isinstance(embed, PackedEmbedding)
         self._forward.set_outer(embedding=embed.packed if packed else embed.weight, vocab=config.vocab_size,
@@ -117,35 +142,38 @@ def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.T
     return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]
 
 
+def _weight(norm: Module | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
+
+
 def fusable(model: LlamaForCausalLM) -> bool:
     """bfloat16 or float32, and every part on the kernels FusedForward calls: a plain or packed
-    embedding, packed projections (or, at bfloat16, integer ones) with a bias on qkv only, kernel
-    norms at the config's eps, the rotary and SiLU-and-multiply kernels."""
+    embedding, packed projections (or, at bfloat16, integer ones), packed routers, kernel norms at
+    the config's eps, the rotary, activation and routing kernels."""
     eps, kinds = model.config.rms_norm_eps, _FUSED.get(model.dtype)
     return (kinds is not None and type(model.model.embed_tokens) in (Embedding, PackedEmbedding)
             and _kernel_norm(model.model.norm, eps)
-            and all(_fusable_layer(layer, eps, kinds) for layer in model.model.layers))
+            and all(_fusable_layer(layer, eps, kinds, kernel_linear(model.dtype)) for layer in model.model.layers))
 
 
 def _kernel_norm(norm: Module, eps: float) -> bool:
     return type(norm) is KernelRMSNorm and norm.eps == eps
 
 
-def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...]) -> bool:
+def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...], router_kind: type | None) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
-    # decoder.cpp has no experts, sinks, OLMo 2's norms or Granite's residual multiplier yet: module by module
-    if (isinstance(mlp, MoE) or attn.sinks is not None or layer.input_layernorm is None or attn.qk_norm_heads
-            or layer.residual_multiplier != 1.0):
-        return False
-    projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    norms = [layer.input_layernorm, layer.post_attention_layernorm]
-    if attn.q_norm is not None:
-        norms += [attn.q_norm, attn.k_norm]
-    if layer.pre_feedforward_layernorm is not None:
-        norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
-    return (all(type(p) in kinds for p in projections) and all(p.bias is None for p in projections[1:])
-            and all(_kernel_norm(n, eps) for n in norms)
-            and attn.rotate is kernels().rotary and mlp.act_and_mul is _act_and_mul()[mlp.act])
+    projections = [attn.qkv_proj, attn.o_proj]
+    if isinstance(mlp, MoE):  # a packed router at the model's dtype (pack_routers), the kernels' choice
+        projections += [p for expert in mlp.experts for p in (expert.gate_up_proj, expert.down_proj)]
+        if type(mlp.gate) is not router_kind or not _runs_kernel(mlp.choose):
+            return False
+    else:
+        projections += [mlp.gate_up_proj, mlp.down_proj]
+    norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+             layer.post_feedforward_layernorm, attn.q_norm, attn.k_norm]
+    return (all(type(p) in kinds for p in projections)
+            and all(_kernel_norm(n, eps) for n in norms if n is not None)
+            and attn.rotate is kernels().rotary and _runs_kernel(mlp.act_and_mul))
 
 
 def gather_weights(model: LlamaForCausalLM) -> None:
@@ -166,11 +194,14 @@ def gather_weights(model: LlamaForCausalLM) -> None:
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
             huge_pages: bool = True) -> LlamaForCausalLM:
     """What a loaded model gets before it serves, where it helps on this device: projections packed
-    (unless quantized) and gathered onto huge pages, then the elementwise kernels, then the whole
-    forward in one call where the model runs on nothing else. `huge_pages` off leaves the weights
+    (unless quantized), routers packed (quantized or not), all gathered onto huge pages, then the
+    elementwise and routing kernels, then the whole forward in one call where the model runs on
+    nothing else. `huge_pages` off leaves the weights
     where packing put them (bench/decode_step.py's baseline)."""
     if quantization is None and packable(model.dtype, device):
         pack_linears(model)
+    if device.type == "cpu":
+        pack_routers(model)
     if device.type == "cpu" and huge_pages:
         gather_weights(model)
     if usable(model, device):

@@ -302,10 +302,13 @@ class MoE(Module):
         width, inner, bias = config.hidden_size, config.moe_intermediate_size, config.moe_bias
         self.gate = Router(width, config.num_experts, bias, dtype)
         self.experts = nn.ModuleList(Expert(width, inner, bias, dtype) for _ in range(config.num_experts))
-        self.top_k, self.normalize = config.experts_per_token, config.norm_topk_prob
-        self.router_float32, self.topk_first = config.router_float32, config.router_topk_first
+        self.top_k = config.experts_per_token
+        # choose_experts' switches: model/cpu_ops.py puts the kernel that takes the same ones in
+        # `choose` on CPU, as it puts one-call kernels in `act_and_mul`
+        self.routing = {"top_k": self.top_k, "topk_first": config.router_topk_first,
+                        "normalize": config.norm_topk_prob, "float32_weights": config.router_float32}
+        self.choose = functools.partial(choose_experts, **self.routing)
         self.act = config.hidden_act
-        # model/cpu_ops.py puts a one-call kernel here on CPU, where it has one for the activation
         self.act_and_mul = ACT_AND_MUL.get(self.act) or functools.partial(
             swiglu_oai_and_mul, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
 
@@ -326,16 +329,23 @@ class MoE(Module):
         return out
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's experts_per_token router weights and experts [T, k]: the softmax's top k
-        (Qwen, Mixtral), or the softmax of the top k logits (gpt-oss)."""
-        logits = self.gate(x)
-        if self.topk_first:
-            top, chosen = torch.topk(logits, self.top_k, dim=-1)
-            return F.softmax(top, dim=-1, dtype=top.dtype), chosen
-        weights, chosen = torch.topk(F.softmax(logits.float(), dim=-1), self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return (weights if self.router_float32 else weights.to(x.dtype)), chosen
+        """Each row's experts_per_token router weights and experts [T, k]."""
+        return self.choose(self.gate(x))
+
+
+def choose_experts(logits: torch.Tensor, top_k: int, topk_first: bool, normalize: bool,
+                   float32_weights: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> each row's top_k weights and experts [T, k]: the softmax's top k in
+    float32 (Qwen, Mixtral), renormalised to sum 1 with `normalize`, kept in float32 with
+    `float32_weights` (Mixtral's reference) or rounded to the logits' dtype; or (`topk_first`,
+    gpt-oss) the softmax of the top k logits, in their dtype."""
+    if topk_first:
+        top, chosen = torch.topk(logits, top_k, dim=-1)
+        return F.softmax(top, dim=-1, dtype=top.dtype), chosen
+    weights, chosen = torch.topk(F.softmax(logits.float(), dim=-1), top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights if float32_weights else weights.to(logits.dtype)), chosen
 
 
 class DecoderLayer(Module):

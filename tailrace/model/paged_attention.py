@@ -182,15 +182,15 @@ class PagedKVCache:
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence
         as `how` says (default: every position, at head_dim ** -0.5), with `sinks` [H] where it has
-        them (tailrace's kernel has none yet: the reference over the pages serves them)."""
+        them."""
         how = how or LayerAttention(self.scale)
         meta = self.step_metadata(batch)
         self.k[layer].index_copy_(0, batch.slot_mapping, k)
         self.v[layer].index_copy_(0, batch.slot_mapping, v)
-        if self._native_attention is not None and sinks is None:
+        if self._native_attention is not None:
             return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
                                           meta.block_tables, self.block_size, meta.num_seqs, how.scale,
-                                          how.window or 0, how.softcap or 0.0)
+                                          how.window or 0, how.softcap or 0.0, sinks)
         if not self.use_triton:
             return paged_attention_reference(q, self.k[layer], self.v[layer], meta, how, sinks)
         if not plain_attention(how, self.head_dim):

@@ -290,73 +290,141 @@ inline void mask_storeu_epi16(void* p, __mmask16 m, __m256i a) {
 }  // namespace tailrace::avx2
 
 // The kernels' spelling, mapped to the above (immintrin.h has declared the AVX-512 originals, which
-// would not compile for this target).
+// would not compile for this target; some of them as macros).
+#undef __m512
 #define __m512 ::tailrace::avx2::F32x16
+#undef __m512i
 #define __m512i ::tailrace::avx2::I32x16
+#undef __m512bh
 #define __m512bh ::tailrace::avx2::I32x16
+#undef __m512d
 #define __m512d ::tailrace::avx2::F64x8
+#undef _mm512_set1_ps
 #define _mm512_set1_ps ::tailrace::avx2::set1_ps
+#undef _mm512_setzero_ps
 #define _mm512_setzero_ps ::tailrace::avx2::setzero_ps
+#undef _mm512_loadu_ps
 #define _mm512_loadu_ps ::tailrace::avx2::loadu_ps
+#undef _mm512_storeu_ps
 #define _mm512_storeu_ps ::tailrace::avx2::storeu_ps
+#undef _mm512_maskz_loadu_ps
 #define _mm512_maskz_loadu_ps ::tailrace::avx2::maskz_loadu_ps
+#undef _mm512_mask_loadu_ps
 #define _mm512_mask_loadu_ps ::tailrace::avx2::mask_loadu_ps
+#undef _mm512_mask_storeu_ps
 #define _mm512_mask_storeu_ps ::tailrace::avx2::mask_storeu_ps
+#undef _mm512_mask_mov_ps
 #define _mm512_mask_mov_ps ::tailrace::avx2::mask_mov_ps
+#undef _mm512_maskz_mov_ps
 #define _mm512_maskz_mov_ps ::tailrace::avx2::maskz_mov_ps
+#undef _mm512_add_ps
 #define _mm512_add_ps ::tailrace::avx2::add_ps
+#undef _mm512_sub_ps
 #define _mm512_sub_ps ::tailrace::avx2::sub_ps
+#undef _mm512_mul_ps
 #define _mm512_mul_ps ::tailrace::avx2::mul_ps
+#undef _mm512_div_ps
 #define _mm512_div_ps ::tailrace::avx2::div_ps
+#undef _mm512_max_ps
 #define _mm512_max_ps ::tailrace::avx2::max_ps
+#undef _mm512_min_ps
 #define _mm512_min_ps ::tailrace::avx2::min_ps
+#undef _mm512_mask_max_ps
 #define _mm512_mask_max_ps ::tailrace::avx2::mask_max_ps
+#undef _mm512_unpacklo_ps
 #define _mm512_unpacklo_ps ::tailrace::avx2::unpacklo_ps
+#undef _mm512_unpackhi_ps
 #define _mm512_unpackhi_ps ::tailrace::avx2::unpackhi_ps
+#undef _mm512_fmadd_ps
 #define _mm512_fmadd_ps ::tailrace::avx2::fmadd_ps
+#undef _mm512_fnmadd_ps
 #define _mm512_fnmadd_ps ::tailrace::avx2::fnmadd_ps
+#undef _mm512_abs_ps
 #define _mm512_abs_ps ::tailrace::avx2::abs_ps
+#undef _mm512_cmp_ps_mask
 #define _mm512_cmp_ps_mask(a, b, predicate) ::tailrace::avx2::cmp_ps_mask<(predicate)>(a, b)
+#undef _mm512_mask_cmp_ps_mask
 #define _mm512_mask_cmp_ps_mask(m, a, b, predicate) \
     static_cast<__mmask16>((m) & ::tailrace::avx2::cmp_ps_mask<(predicate)>(a, b))
+#undef _mm512_scalef_ps
 #define _mm512_scalef_ps ::tailrace::avx2::scalef_ps
+#undef _mm512_roundscale_ps
 #define _mm512_roundscale_ps(a, rounding) ::tailrace::avx2::roundscale_ps<(rounding)>(a)
+#undef _mm512_reduce_add_ps
 #define _mm512_reduce_add_ps ::tailrace::avx2::reduce_add_ps
+#undef _mm512_reduce_max_ps
 #define _mm512_reduce_max_ps ::tailrace::avx2::reduce_max_ps
+#undef _mm512_shuffle_f32x4
 #define _mm512_shuffle_f32x4(a, b, select) ::tailrace::avx2::shuffle_f32x4<(select)>(a, b)
+#undef _mm512_permutexvar_ps
 #define _mm512_permutexvar_ps ::tailrace::avx2::permutexvar_ps
+#undef _mm512_castps_pd
 #define _mm512_castps_pd ::tailrace::avx2::castps_pd
+#undef _mm512_castpd_ps
 #define _mm512_castpd_ps ::tailrace::avx2::castpd_ps
+#undef _mm512_unpacklo_pd
 #define _mm512_unpacklo_pd ::tailrace::avx2::unpacklo_pd
+#undef _mm512_unpackhi_pd
 #define _mm512_unpackhi_pd ::tailrace::avx2::unpackhi_pd
+#undef _mm512_castps_si512
 #define _mm512_castps_si512 ::tailrace::avx2::castps_si512
+#undef _mm512_castsi512_ps
 #define _mm512_castsi512_ps ::tailrace::avx2::castsi512_ps
+#undef _mm512_set1_epi32
 #define _mm512_set1_epi32 ::tailrace::avx2::set1_epi32
+#undef _mm512_set1_epi8
 #define _mm512_set1_epi8 ::tailrace::avx2::set1_epi8
+#undef _mm512_setzero_si512
 #define _mm512_setzero_si512 ::tailrace::avx2::setzero_si512
+#undef _mm512_setr_epi32
 #define _mm512_setr_epi32 ::tailrace::avx2::setr_epi32
+#undef _mm512_loadu_si512
 #define _mm512_loadu_si512 ::tailrace::avx2::loadu_si512
+#undef _mm512_storeu_si512
 #define _mm512_storeu_si512 ::tailrace::avx2::storeu_si512
+#undef _mm512_maskz_loadu_epi32
 #define _mm512_maskz_loadu_epi32 ::tailrace::avx2::maskz_loadu_epi32
+#undef _mm512_mask_storeu_epi32
 #define _mm512_mask_storeu_epi32 ::tailrace::avx2::mask_storeu_epi32
+#undef _mm512_mask_mov_epi32
 #define _mm512_mask_mov_epi32 ::tailrace::avx2::mask_mov_epi32
+#undef _mm512_and_si512
 #define _mm512_and_si512 ::tailrace::avx2::and_si512
+#undef _mm512_or_si512
 #define _mm512_or_si512 ::tailrace::avx2::or_si512
+#undef _mm512_add_epi32
 #define _mm512_add_epi32 ::tailrace::avx2::add_epi32
+#undef _mm512_slli_epi32
 #define _mm512_slli_epi32 ::tailrace::avx2::slli_epi32
+#undef _mm512_srli_epi32
 #define _mm512_srli_epi32 ::tailrace::avx2::srli_epi32
+#undef _mm512_srli_epi16
 #define _mm512_srli_epi16 ::tailrace::avx2::srli_epi16
+#undef _mm512_cvtps_epi32
 #define _mm512_cvtps_epi32 ::tailrace::avx2::cvtps_epi32
+#undef _mm512_cvtepi32_ps
 #define _mm512_cvtepi32_ps ::tailrace::avx2::cvtepi32_ps
+#undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32 ::tailrace::avx2::cvtepu16_epi32
+#undef _mm512_cvtepi8_epi16
 #define _mm512_cvtepi8_epi16 ::tailrace::avx2::cvtepi8_epi16
+#undef _mm512_cvtph_ps
 #define _mm512_cvtph_ps ::tailrace::avx2::cvtph_ps
+#undef _mm512_cvtepi32_epi16
 #define _mm512_cvtepi32_epi16 ::tailrace::avx2::cvtepi32_epi16
+#undef _mm512_cvtepi32_epi8
 #define _mm512_cvtepi32_epi8 ::tailrace::avx2::cvtepi32_epi8
+#undef _mm512_reduce_add_epi32
 #define _mm512_reduce_add_epi32 ::tailrace::avx2::reduce_add_epi32
+#undef _mm512_dpwssd_epi32
 #define _mm512_dpwssd_epi32 ::tailrace::avx2::dpwssd_epi32
+#undef _mm512_dpbusd_epi32
 #define _mm512_dpbusd_epi32 ::tailrace::avx2::dpbusd_epi32
+#undef _mm512_dpbf16_ps
 #define _mm512_dpbf16_ps ::tailrace::avx2::dpbf16_ps
+#undef _mm512_cvtneps_pbh
 #define _mm512_cvtneps_pbh ::tailrace::avx2::cvtneps_pbh
+#undef _mm256_maskz_loadu_epi16
 #define _mm256_maskz_loadu_epi16 ::tailrace::avx2::maskz_loadu_epi16
+#undef _mm256_mask_storeu_epi16
 #define _mm256_mask_storeu_epi16 ::tailrace::avx2::mask_storeu_epi16

@@ -37,7 +37,17 @@ namespace {
 using tailrace::kLanes;  // outputs per vector
 using tailrace::lanes;
 
-constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take 12 x 2 tiles (see bf16_linear)
+constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take wide tiles (see bf16_linear)
+#ifdef __AVX512F__
+// Tiles, rows x vectors, for 32 registers of 16 lanes (see bf16_linear).
+constexpr int kTileRows = 4, kTileVectors = 4, kLoneVectors = 8, kWideRows = 12, kWideVectors = 2;
+#else
+// The AVX2 build (avx2.h): 16 registers of 8 lanes, a vector two of them. 4 rows x 1 vector keeps
+// the 8 accumulators, a widened weight pair (4) and a broadcast input (2) in registers, where the
+// AVX-512 tiles spilled: float32 projections of the Gemma-3-1B shape at 32 rows took 1.42x
+// oneDNN's time with 4 x 4 tiles (bench/RESULTS.md, twenty-second session).
+constexpr int kTileRows = 4, kTileVectors = 1, kLoneVectors = 4, kWideRows = 4, kWideVectors = 1;
+#endif
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
 constexpr int64_t kWidenGrain = 1024;  // vectors of x a thread widens at least (16k values)
 
@@ -226,8 +236,8 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     const bool native = tailrace::native_bf16_dot();
     const std::unique_ptr<float[]> xf = native ? nullptr : widened(x, rows * k);
     const Problem p{reinterpret_cast<const uint16_t*>(x), xf.get(), packed, bias, y, rows, k, n, k / 2, vectors};
-    // Tiles: 4 rows x 4 vectors (16 accumulators, each weight load serving 4 rows), but where the
-    // FMA pairs widen every weight vector, 12 rows x 2 vectors (24 accumulators) from 8 rows on:
+    // Tiles on AVX-512 (the AVX2 build's are smaller, see kTileRows): 4 rows x 4 vectors (16
+    // accumulators, each weight load serving 4 rows), but where the FMA pairs widen every weight vector, 12 rows x 2 vectors (24 accumulators) from 8 rows on:
     // the widening is then 4 of 52 vector instructions a step instead of 8 of 40. Same-process A/B
     // on SmolLM2's projections, 2 threads: 5-14% faster at 32 and 128 rows, 2-4% at 8; 8 x 2
     // tiles gained 1-3%, 16 x 1 lost 40% (bench/RESULTS.md, tenth session).
@@ -235,16 +245,17 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     // 4, a one-row bfloat16 decode step of SmolLM2-135M 5% faster on a 2-core Zen 4, where software
     // prefetching made it slower (bench/RESULTS.md, fifteenth session).
     const bool wide = !native && p.M >= kWideFrom;
-    const int64_t row_tile = native ? 4 : wide ? 12 : 4;
-    tailrace::parallel_vectors(p.NV, wide ? 2 : 4, p.M, row_tile, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
+    const int64_t row_tile = wide ? kWideRows : kTileRows;
+    tailrace::parallel_vectors(p.NV, wide ? kWideVectors : kTileVectors, p.M, row_tile,
+                               [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
         if (native && p.M == 1)
-            run_groups<Native, 1, 8>(p, v0, v1, m0, m1);
+            run_groups<Native, 1, kLoneVectors>(p, v0, v1, m0, m1);
         else if (native)
-            run_groups<Native, 4, 4>(p, v0, v1, m0, m1);
+            run_groups<Native, kTileRows, kTileVectors>(p, v0, v1, m0, m1);
         else if (wide)
-            run_groups<Emulated, 12, 2>(p, v0, v1, m0, m1);
+            run_groups<Emulated, kWideRows, kWideVectors>(p, v0, v1, m0, m1);
         else
-            run_groups<Emulated, 4, 4>(p, v0, v1, m0, m1);
+            run_groups<Emulated, kTileRows, kTileVectors>(p, v0, v1, m0, m1);
     });
 }
 
@@ -254,13 +265,13 @@ void tailrace::f32_linear(const float* x, const float* packed, int64_t vectors, 
     if (rows == 0)
         return;
     const Problem p{nullptr, x, packed, bias, y, rows, k, n, k / 2, vectors};
-    // A lone row reads 8 vectors at a time, as bfloat16's does; at 4 x 4 a step's 8 weight loads
+    // A lone row reads kLoneVectors at a time, as bfloat16's does; on AVX-512 at 4 x 4 a step's 8 weight loads
     // and 8 broadcasts feed 32 FMAs.
-    tailrace::parallel_vectors(p.NV, 4, p.M, 4, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
+    tailrace::parallel_vectors(p.NV, kTileVectors, p.M, kTileRows, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
         if (p.M == 1)
-            run_groups<Float32, 1, 8>(p, v0, v1, m0, m1);
+            run_groups<Float32, 1, kLoneVectors>(p, v0, v1, m0, m1);
         else
-            run_groups<Float32, 4, 4>(p, v0, v1, m0, m1);
+            run_groups<Float32, kTileRows, kTileVectors>(p, v0, v1, m0, m1);
     });
 }
 

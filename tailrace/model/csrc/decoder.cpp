@@ -1,6 +1,8 @@
 // A bfloat16 or float32 decoder forward in one call from Python: token ids to the final norm's
 // rows, for every architecture llama.py runs (the same features: per-layer rotary tables or none,
-// sliding windows, GeGLU, sandwich norms, the embedding's multiplier, the scores' soft cap).
+// sliding windows, GeGLU and gpt-oss's gate, norms before, around or after each block, q/k norms
+// per head or over all heads, the embedding's and the residual's multipliers, the scores' soft cap,
+// attention sinks, biases, and mixtures of experts).
 //
 // The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
@@ -15,8 +17,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -38,13 +42,29 @@ struct Projection {
 };
 
 struct Layer {
-    torch::Tensor input_norm, post_norm;  // [hidden]: the attention's and the MLP's input norms
-    torch::Tensor q_norm, k_norm;         // [head_dim], or undefined for models without q/k norms
-    torch::Tensor attn_out_norm, ffn_out_norm;  // [hidden], sandwich norms of their outputs, or undefined
-    Projection qkv, o, gate_up, down;
+    torch::Tensor input_norm, mlp_norm;  // [hidden]: the attention's and the MLP's input norms, or undefined
+                                         // (OLMo 2 norms the blocks' outputs alone)
+    torch::Tensor q_norm, k_norm;  // [head_dim] a head, or [heads * head_dim] over all of q's (k's) heads
+                                   // (OLMo 2), or undefined
+    torch::Tensor attn_out_norm, ffn_out_norm;  // [hidden], norms of the blocks' outputs (Gemma, OLMo 2), or undefined
+    torch::Tensor sinks;  // [heads] in the dtype (gpt-oss), or undefined
+    Projection qkv, o, gate_up, down;  // gate_up, down: a dense layer's MLP
+    Projection router;                 // a mixture of experts' (undefined `packed` in a dense layer)
+    std::vector<Projection> expert_gate_up, expert_down;
     int64_t rope;    // the rotary table rotating q/k (0: global, 1: local), -1 for none
     int64_t window;  // the positions a query sees back from itself, 0 for all
 };
+
+enum class Act { kSilu, kGeluTanh, kSwigluOai };
+
+Act act_named(const std::string& name) {
+    if (name == "silu")
+        return Act::kSilu;
+    if (name == "gelu_tanh")
+        return Act::kGeluTanh;
+    TORCH_CHECK(name == "swiglu_oai", "act is silu, gelu_tanh or swiglu_oai, not ", name);
+    return Act::kSwigluOai;
+}
 
 using Buffers = std::vector<c10::optional<torch::Tensor>>;
 
@@ -58,43 +78,71 @@ class DecoderForward {
     static constexpr const char* kName = std::is_same_v<Scalar, float> ? "float32" : "bfloat16";
 
 public:
-    // gelu: GELU's tanh approximation gates the MLP (GeGLU), else SiLU; embedding_multiplier: the
-    // embedding rows times it, rounded to the dtype first (1: none); scale, softcap: the attention's
-    // (softcap 0: none).
+    // act: the MLPs' and experts' gate, "silu", "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss's, with
+    // swiglu_alpha and swiglu_limit); embedding_multiplier: the embedding rows times it, rounded to
+    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none);
+    // residual_multiplier: each block's output times it as it joins the residual (Granite; 1: none);
+    // moe_intermediate, experts_per_token and the routing's switches (kernels.h Routing): the
+    // mixture of experts' layers (0 experts a token: a dense model).
     DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-                   bool gelu, double embedding_multiplier, double scale, double softcap)
+                   const std::string& act, double embedding_multiplier, double scale, double softcap,
+                   double residual_multiplier, double swiglu_alpha, double swiglu_limit, int64_t moe_intermediate,
+                   int64_t experts_per_token, bool topk_first, bool normalize_topk, bool router_float32)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
-          eps_(static_cast<float>(eps)), gelu_(gelu),
+          moe_intermediate_(moe_intermediate), eps_(static_cast<float>(eps)), act_(act_named(act)),
           embedding_multiplier_(static_cast<float>(static_cast<Scalar>(static_cast<float>(embedding_multiplier)))),
-          scale_(static_cast<float>(scale)), softcap_(static_cast<float>(softcap)) {
+          scale_(static_cast<float>(scale)), softcap_(static_cast<float>(softcap)),
+          residual_multiplier_(static_cast<float>(residual_multiplier)), swiglu_alpha_(static_cast<float>(swiglu_alpha)),
+          swiglu_limit_(static_cast<float>(swiglu_limit)),
+          routing_{0, experts_per_token, topk_first, normalize_topk, router_float32} {
         TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
         TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
     }
 
-    // Each projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), None where absent.
-    void add_layer(const torch::Tensor& input_norm, const Buffers& qkv, const c10::optional<torch::Tensor>& q_norm,
-                   const c10::optional<torch::Tensor>& k_norm, const Buffers& o, const torch::Tensor& post_norm,
-                   const Buffers& gate_up, const Buffers& down, const c10::optional<torch::Tensor>& attn_out_norm,
-                   const c10::optional<torch::Tensor>& ffn_out_norm, int64_t rope, int64_t window) {
-        check_norm(input_norm, hidden_);
-        check_norm(post_norm, hidden_);
+    // Each projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), and
+    // each norm None where the layer has none there. A dense layer has gate_up and down (router and
+    // the experts' lists empty); a mixture of experts has its router ([packed, bias]) and each
+    // expert's gate_up and down instead (gate_up and down empty).
+    void add_layer(const c10::optional<torch::Tensor>& input_norm, const Buffers& qkv,
+                   const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
+                   const Buffers& o, const c10::optional<torch::Tensor>& mlp_norm, const Buffers& gate_up,
+                   const Buffers& down, const c10::optional<torch::Tensor>& attn_out_norm,
+                   const c10::optional<torch::Tensor>& ffn_out_norm, int64_t rope, int64_t window,
+                   const c10::optional<torch::Tensor>& sinks, const Buffers& router,
+                   const std::vector<Buffers>& expert_gate_up, const std::vector<Buffers>& expert_down) {
+        for (const c10::optional<torch::Tensor>* norm : {&input_norm, &mlp_norm, &attn_out_norm, &ffn_out_norm})
+            if (*norm)
+                check_norm(**norm, hidden_);
         TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
         if (q_norm) {
-            check_norm(*q_norm, dim_);
-            check_norm(*k_norm, dim_);
+            const bool over_heads = q_norm->numel() != dim_;
+            check_norm(*q_norm, over_heads ? heads_ * dim_ : dim_);
+            check_norm(*k_norm, over_heads ? kv_heads_ * dim_ : dim_);
         }
-        TORCH_CHECK(attn_out_norm.has_value() == ffn_out_norm.has_value(), "sandwich norms come together");
-        if (attn_out_norm) {
-            check_norm(*attn_out_norm, hidden_);
-            check_norm(*ffn_out_norm, hidden_);
-        }
+        TORCH_CHECK(!sinks || (sinks->scalar_type() == kType && sinks->is_contiguous() && sinks->numel() == heads_),
+                    "sinks must be ", kName, " [", heads_, "]");
         TORCH_CHECK(-1 <= rope && rope <= 1 && window >= 0, "rope is -1, 0 or 1; window at least 0");
-        layers_.push_back({input_norm, post_norm, defined(q_norm), defined(k_norm), defined(attn_out_norm),
-                           defined(ffn_out_norm), projection(qkv, hidden_, qkv_width()),
-                           projection(o, heads_ * dim_, hidden_), projection(gate_up, hidden_, 2 * intermediate_),
-                           projection(down, intermediate_, hidden_), rope, window});
-        TORCH_CHECK(!layers_.back().o.bias.defined() && !layers_.back().gate_up.bias.defined() &&
-                    !layers_.back().down.bias.defined(), "only qkv_proj may have a bias");
+        Layer layer{defined(input_norm), defined(mlp_norm), defined(q_norm), defined(k_norm), defined(attn_out_norm),
+                    defined(ffn_out_norm), defined(sinks), projection(qkv, hidden_, qkv_width()),
+                    projection(o, heads_ * dim_, hidden_), {}, {}, {}, {}, {}, rope, window};
+        const int64_t experts = static_cast<int64_t>(expert_gate_up.size());
+        if (router.empty()) {
+            TORCH_CHECK(experts == 0 && expert_down.empty(), "experts come with their router");
+            layer.gate_up = projection(gate_up, hidden_, 2 * intermediate_);
+            layer.down = projection(down, intermediate_, hidden_);
+        } else {
+            TORCH_CHECK(gate_up.empty() && down.empty(), "a mixture of experts' layer has no dense MLP");
+            TORCH_CHECK(router.size() == 2 && experts == static_cast<int64_t>(expert_down.size()) &&
+                        0 < routing_.top_k && routing_.top_k <= experts,
+                        "a mixture of experts is a router [packed, bias] and as many gate_up as down, at least "
+                        "experts_per_token of them");
+            layer.router = projection(router, hidden_, experts);
+            for (int64_t e = 0; e < experts; ++e) {
+                layer.expert_gate_up.push_back(projection(expert_gate_up[e], hidden_, 2 * moe_intermediate_));
+                layer.expert_down.push_back(projection(expert_down[e], moe_intermediate_, hidden_));
+            }
+        }
+        layers_.push_back(std::move(layer));
     }
 
     // The model's parts around the layers: the token embedding, a [vocab, hidden] table or, packed
@@ -244,18 +292,20 @@ private:
     // pages, head by head
     void project(const Layer& w, int64_t l, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
-        norm(w.input_norm, s, data<Scalar>(s.x));
-        linear(w.qkv, s.x, s.qkv);
+        linear(w.qkv, block_input(w.input_norm, s), s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
         const Scalar* qk = data<Scalar>(s.qkv);
         int64_t qk_stride = qkv_width();
         if (w.q_norm.defined()) {
+            // per head, or over all of q's and all of k's heads as one row each
+            const bool over_heads = w.q_norm.numel() != dim_;
+            const int64_t q_rows = over_heads ? 1 : heads_, k_rows = over_heads ? 1 : kv_heads_;
             for (int64_t t = 0; t < T; ++t) {
                 Scalar* normed = data<Scalar>(s.qk) + t * qk_heads * dim_;
                 const Scalar* row = data<Scalar>(s.qkv) + t * qkv_width();
-                tailrace::rms_norm_rows(row, data<Scalar>(w.q_norm), normed, heads_, dim_, dim_, eps_);
-                tailrace::rms_norm_rows(row + heads_ * dim_, data<Scalar>(w.k_norm), normed + heads_ * dim_, kv_heads_, dim_,
-                                        dim_, eps_);
+                tailrace::rms_norm_rows(row, data<Scalar>(w.q_norm), normed, q_rows, heads_ * dim_ / q_rows, dim_, eps_);
+                tailrace::rms_norm_rows(row + heads_ * dim_, data<Scalar>(w.k_norm), normed + heads_ * dim_, k_rows,
+                                        kv_heads_ * dim_ / k_rows, dim_, eps_);
             }
             qk = data<Scalar>(s.qk);
             qk_stride = qk_heads * dim_;
@@ -281,23 +331,45 @@ private:
         s.v_layer = v_layer;
     }
 
-    // y = o_proj(attention of s.rotated's queries over the layer's pages) (then normed, with
-    // sandwich norms), project's layer, pending
+    // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer; then
+    // the block's output
     void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<Scalar> problem{
             data<Scalar>(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, data<Scalar>(s.attended), s.tables,
             s.table_seq_stride, s.table_block_stride, s.block_size, heads_, kv_heads_, dim_, scale_, s.slot_stride,
-            s.head_stride, w.window, softcap_};
+            s.head_stride, w.window, softcap_, w.sinks.defined() ? data<Scalar>(w.sinks) : nullptr};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
-        if (w.attn_out_norm.defined())
-            out_norm(w.attn_out_norm, s);
-        s.y_pending = true;
+        block_output(w.attn_out_norm, s);
     }
 
-    // y normed in place (a sandwich norm: each row is read whole before it is written)
-    void out_norm(const torch::Tensor& weight, Step& s) const {
-        tailrace::rms_norm_rows(data<Scalar>(s.y), data<Scalar>(weight), data<Scalar>(s.y), s.T, hidden_, hidden_, eps_);
+    // The rows a block reads: h's RMSNorm by `weight` into s.x, or h itself where the block has no
+    // input norm (OLMo 2); h takes a pending y first either way (rounded once, as eager adds).
+    const torch::Tensor& block_input(const torch::Tensor& weight, Step& s) const {
+        if (weight.defined()) {
+            norm(weight, s, data<Scalar>(s.x));
+            return s.x;
+        }
+        if (s.y_pending) {
+            Scalar* h = data<Scalar>(s.h);
+            const Scalar* y = data<Scalar>(s.y);
+            for (int64_t i = 0; i < s.T * hidden_; ++i)
+                h[i] = static_cast<Scalar>(static_cast<float>(h[i]) + static_cast<float>(y[i]));
+            s.y_pending = false;
+        }
+        return s.h;
+    }
+
+    // y, a block's output, normed in place where the layer norms it (each row is read whole before
+    // it is written), times the residual multiplier (rounded, as the reference's product), pending
+    void block_output(const torch::Tensor& norm_weight, Step& s) const {
+        Scalar* y = data<Scalar>(s.y);
+        if (norm_weight.defined())
+            tailrace::rms_norm_rows(y, data<Scalar>(norm_weight), y, s.T, hidden_, hidden_, eps_);
+        if (residual_multiplier_ != 1.0f)
+            for (int64_t i = 0; i < s.T * hidden_; ++i)
+                y[i] = static_cast<Scalar>(static_cast<float>(y[i]) * residual_multiplier_);
+        s.y_pending = true;
     }
 
     // The step narrowed to the `wanted` rows: their residual rows, rotated queries and query rows,
@@ -318,17 +390,74 @@ private:
         s.T = R;
     }
 
-    // y = down_proj(act(gate) * up of gate_up_proj(norm(h))) (then normed, with sandwich norms), h
-    // first taking attend's y; pending
+    // y = down_proj(act(gate) * up of gate_up_proj(the block's input)), or the experts' sum; then
+    // the block's output
     void feed_forward(const Layer& w, Step& s) const {
-        norm(w.post_norm, s, data<Scalar>(s.x));
-        linear(w.gate_up, s.x, s.gate_up);
-        (gelu_ ? tailrace::gelu_tanh_mul_rows<Scalar> : tailrace::silu_mul_rows<Scalar>)(
-            data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
-        linear(w.down, s.act, s.y);
-        if (w.ffn_out_norm.defined())
-            out_norm(w.ffn_out_norm, s);
-        s.y_pending = true;
+        const torch::Tensor& x = block_input(w.mlp_norm, s);
+        if (w.router.packed.defined()) {
+            experts(w, x, s);
+        } else {
+            linear(w.gate_up, x, s.gate_up);
+            act_mul(data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
+            linear(w.down, s.act, s.y);
+        }
+        block_output(w.ffn_out_norm, s);
+    }
+
+    // y = the mixture of experts over x's rows, llama.MoE.forward's ops and rounding points: each
+    // row's experts and weights by route_rows; each expert run once, on the rows that chose it
+    // (ascending), reading only its own weights; its output rows times their weights, each product
+    // rounded to the dtype, added into y in expert order, each sum rounded.
+    void experts(const Layer& w, const torch::Tensor& x, Step& s) const {
+        const int64_t T = s.T, E = static_cast<int64_t>(w.expert_gate_up.size()), k = routing_.top_k;
+        const torch::TensorOptions options = x.options();
+        torch::Tensor logits = torch::empty({T, E}, options);
+        linear(w.router, x, logits);
+        std::vector<float> weights(T * k);
+        std::vector<int64_t> chosen(T * k);
+        tailrace::Routing routing = routing_;
+        routing.experts = E;
+        tailrace::route_rows(data<Scalar>(logits), T, routing, weights.data(), chosen.data());
+        std::vector<std::vector<int64_t>> picks(E);  // row * k + slot, by expert
+        for (int64_t i = 0; i < T * k; ++i)
+            picks[chosen[i]].push_back(i);
+        torch::Tensor in = torch::empty({T, hidden_}, options), gate_up = torch::empty({T, 2 * moe_intermediate_}, options);
+        torch::Tensor act = torch::empty({T, moe_intermediate_}, options), out = torch::empty({T, hidden_}, options);
+        Scalar* y = data<Scalar>(s.y);
+        std::fill_n(y, T * hidden_, Scalar(0));
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t n = static_cast<int64_t>(picks[e].size());
+            if (n == 0)
+                continue;
+            for (int64_t j = 0; j < n; ++j)
+                std::memcpy(data<Scalar>(in) + j * hidden_, data<Scalar>(x) + picks[e][j] / k * hidden_,
+                            hidden_ * sizeof(Scalar));
+            torch::Tensor rows = in.narrow(0, 0, n), expert_out = out.narrow(0, 0, n), expert_act = act.narrow(0, 0, n);
+            linear(w.expert_gate_up[e], rows, gate_up);
+            act_mul(data<Scalar>(gate_up), data<Scalar>(expert_act), n, moe_intermediate_);
+            linear(w.expert_down[e], expert_act, expert_out);
+            for (int64_t j = 0; j < n; ++j) {
+                Scalar* row = y + picks[e][j] / k * hidden_;
+                const Scalar* from = data<Scalar>(expert_out) + j * hidden_;
+                const float weight = weights[picks[e][j]];
+                for (int64_t i = 0; i < hidden_; ++i) {
+                    const Scalar weighted = static_cast<Scalar>(static_cast<float>(from[i]) * weight);
+                    row[i] = static_cast<Scalar>(static_cast<float>(row[i]) + static_cast<float>(weighted));
+                }
+            }
+        }
+    }
+
+    // the model's act(gate) * up of gate_up [rows][gate | up] into out [rows][width]
+    void act_mul(const Scalar* gate_up, Scalar* out, int64_t rows, int64_t width) const {
+        switch (act_) {
+            case Act::kSilu:
+                return tailrace::silu_mul_rows(gate_up, out, rows, width);
+            case Act::kGeluTanh:
+                return tailrace::gelu_tanh_mul_rows(gate_up, out, rows, width);
+            case Act::kSwigluOai:
+                return tailrace::swiglu_oai_mul_rows(gate_up, out, rows, width, swiglu_alpha_, swiglu_limit_);
+        }
     }
 
     // y [T, n] = x [T, K] through the projection's kernel
@@ -408,10 +537,11 @@ private:
                     block_tables.scalar_type() == torch::kInt32, "metadata must be int32");
     }
 
-    int64_t hidden_, heads_, kv_heads_, dim_, intermediate_;
+    int64_t hidden_, heads_, kv_heads_, dim_, intermediate_, moe_intermediate_;
     float eps_;
-    bool gelu_;
-    float embedding_multiplier_, scale_, softcap_;
+    Act act_;
+    float embedding_multiplier_, scale_, softcap_, residual_multiplier_, swiglu_alpha_, swiglu_limit_;
+    tailrace::Routing routing_;  // its `experts` set by each layer
     std::vector<Layer> layers_;
     torch::Tensor embedding_, final_norm_;  // set_outer's
     std::vector<torch::Tensor> rotary_;
@@ -424,12 +554,17 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
     namespace py = pybind11;
     using Forward = DecoderForward<Scalar>;
     py::class_<Forward>(m, name, doc)
-        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, double, double, double>(),
+        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const std::string&, double, double, double,
+                      double, double, double, int64_t, int64_t, bool, bool, bool>(),
              py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"),
-             py::arg("eps"), py::arg("gelu"), py::arg("embedding_multiplier"), py::arg("scale"), py::arg("softcap"))
+             py::arg("eps"), py::arg("act"), py::arg("embedding_multiplier"), py::arg("scale"), py::arg("softcap"),
+             py::arg("residual_multiplier"), py::arg("swiglu_alpha"), py::arg("swiglu_limit"),
+             py::arg("moe_intermediate"), py::arg("experts_per_token"), py::arg("topk_first"),
+             py::arg("normalize_topk"), py::arg("router_float32"))
         .def("add_layer", &Forward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
-             py::arg("attn_out_norm"), py::arg("ffn_out_norm"), py::arg("rope"), py::arg("window"))
+             py::arg("k_norm"), py::arg("o"), py::arg("mlp_norm"), py::arg("gate_up"), py::arg("down"),
+             py::arg("attn_out_norm"), py::arg("ffn_out_norm"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
+             py::arg("router"), py::arg("expert_gate_up"), py::arg("expert_down"))
         .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
              py::arg("rotary"), py::arg("final_norm"))
         .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),

@@ -109,24 +109,31 @@ void rotary_rows(const T* x, int64_t row_stride, const float* cos, const float* 
     });
 }
 
-// act(gate) * up over x = [gate | up] per row, the reference's rounding: the activation's result
-// rounded to the dtype, then the product rounded. act: 16 gate values (float32) to theirs.
-template <typename T, typename Act>
-void act_mul_rows(const T* x, T* out, int64_t rows, int64_t width, Act act) {
+// f(gate, up, round) over x = [gate | up] per row, 16 lanes at a time (float32), stored rounded to
+// the dtype; round(v) rounds to it where the reference's eager ops round between steps.
+template <typename T, typename F>
+void gate_rows(const T* x, T* out, int64_t rows, int64_t width, F f) {
     with_native_bf16<T>([&](auto native) {
         constexpr bool N = decltype(native)::value;
+        const auto round = [](__m512 v) { return rounded<N>(v, static_cast<const T*>(nullptr)); };
         at::parallel_for(0, rows, grain(2 * width), [&](int64_t begin, int64_t end) {
             for (int64_t r = begin; r < end; ++r) {
                 const T* gate = x + r * 2 * width;
                 const T* up = gate + width;
                 for (int64_t i = 0; i < width; i += kLanes) {
                     const __mmask16 m = lanes(width - i);
-                    const __m512 a = rounded<N>(act(load16(gate + i, m)), gate);
-                    store16<N>(out + r * width + i, _mm512_mul_ps(a, load16(up + i, m)), m);
+                    store16<N>(out + r * width + i, f(load16(gate + i, m), load16(up + i, m), round), m);
                 }
             }
         });
     });
+}
+
+// act(gate) * up, the reference's rounding: the activation's result rounded to the dtype, then the
+// product rounded. act: 16 gate values (float32) to theirs.
+template <typename T, typename Act>
+void act_mul_rows(const T* x, T* out, int64_t rows, int64_t width, Act act) {
+    gate_rows(x, out, rows, width, [&](__m512 g, __m512 u, auto round) { return _mm512_mul_ps(round(act(g)), u); });
 }
 
 // g / (1 + e^-g)
@@ -147,12 +154,27 @@ void gelu_tanh_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
     });
 }
 
+// The reference's ops in order, each rounded: a = alpha g, s = sigmoid(a) = 1 / (1 + e^-a), g s,
+// u + 1, then the product. min(limit, g) keeps a NaN gate a NaN, as clamp does.
+template <typename T>
+void swiglu_oai_mul_rows(const T* x, T* out, int64_t rows, int64_t width, float alpha, float limit) {
+    const __m512 a = _mm512_set1_ps(alpha), high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    gate_rows(x, out, rows, width, [&](__m512 gate, __m512 up, auto round) {
+        const __m512 g = _mm512_min_ps(high, gate), u = _mm512_max_ps(low, _mm512_min_ps(high, up));
+        const __m512 scaled = round(_mm512_mul_ps(g, a));
+        const __m512 sigmoid = round(_mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), scaled)))));
+        return _mm512_mul_ps(round(_mm512_add_ps(u, one)), round(_mm512_mul_ps(g, sigmoid)));
+    });
+}
+
 // decoder.cpp calls them from its own translation unit, at either dtype.
 #define TAILRACE_ELEMENTWISE(T)                                                                              \
     template void rms_norm_rows(const T*, const T*, T*, int64_t, int64_t, int64_t, float);                   \
     template void rotary_rows(const T*, int64_t, const float*, const float*, T*, int64_t, int64_t, int64_t); \
     template void silu_mul_rows(const T*, T*, int64_t, int64_t);                                            \
     template void gelu_tanh_mul_rows(const T*, T*, int64_t, int64_t);                                       \
+    template void swiglu_oai_mul_rows(const T*, T*, int64_t, int64_t, float, float);                        \
     template void add_rms_norm_rows(T*, const T*, const T*, T*, int64_t, int64_t, float);
 TAILRACE_ELEMENTWISE(c10::BFloat16)
 TAILRACE_ELEMENTWISE(float)
@@ -193,8 +215,9 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
     return out;
 }
 
-// act(gate) * up over x [..., gate | up] -> [..., I]; act SiLU, or GELU's tanh approximation with `gelu`
-torch::Tensor act_mul(const torch::Tensor& x_any, bool gelu) {
+// act(gate) * up over x [..., gate | up] -> [..., I]; rows(x, out, rows, I) runs it at x's dtype
+template <typename Rows>
+torch::Tensor act_mul(const torch::Tensor& x_any, Rows&& run) {
     const int64_t width = x_any.size(-1) / 2;
     TORCH_CHECK(x_any.size(-1) % 2 == 0, "x must be [..., 2 * I]: gate then up");
     const torch::Tensor x = x_any.contiguous();
@@ -204,8 +227,7 @@ torch::Tensor act_mul(const torch::Tensor& x_any, bool gelu) {
     const int64_t rows = width ? x.numel() / (2 * width) : 0;
     tailrace::with_element_type(x.scalar_type(), "act_mul", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        (gelu ? tailrace::gelu_tanh_mul_rows<T> : tailrace::silu_mul_rows<T>)(x.data_ptr<T>(), out.data_ptr<T>(), rows,
-                                                                              width);
+        run(x.data_ptr<T>(), out.data_ptr<T>(), rows, width);
     });
     return out;
 }
@@ -215,8 +237,18 @@ torch::Tensor act_mul(const torch::Tensor& x_any, bool gelu) {
 void register_elementwise(pybind11::module& m) {
     m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, the reference's rounding (bfloat16 or float32)");
     m.def("rotary", &rotary, "rotary embedding, rotate_half convention, sin table signed (bfloat16 or float32)");
-    m.def("silu_mul", [](const torch::Tensor& x) { return act_mul(x, false); },
-          "silu(gate) * up over [gate | up] (bfloat16 or float32)");
-    m.def("gelu_tanh_mul", [](const torch::Tensor& x) { return act_mul(x, true); },
-          "gelu(gate, approximate='tanh') * up over [gate | up] (bfloat16 or float32)");
+    m.def("silu_mul", [](const torch::Tensor& x) {
+        return act_mul(x, [](auto* in, auto* out, int64_t rows, int64_t width) { tailrace::silu_mul_rows(in, out, rows, width); });
+    }, "silu(gate) * up over [gate | up] (bfloat16 or float32)");
+    m.def("gelu_tanh_mul", [](const torch::Tensor& x) {
+        return act_mul(x, [](auto* in, auto* out, int64_t rows, int64_t width) {
+            tailrace::gelu_tanh_mul_rows(in, out, rows, width);
+        });
+    }, "gelu(gate, approximate='tanh') * up over [gate | up] (bfloat16 or float32)");
+    m.def("swiglu_oai_mul", [](const torch::Tensor& x, double alpha, double limit) {
+        return act_mul(x, [&](auto* in, auto* out, int64_t rows, int64_t width) {
+            tailrace::swiglu_oai_mul_rows(in, out, rows, width, static_cast<float>(alpha), static_cast<float>(limit));
+        });
+    }, "gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit), over [gate | up]",
+          pybind11::arg("x"), pybind11::arg("alpha"), pybind11::arg("limit"));
 }

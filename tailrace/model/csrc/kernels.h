@@ -82,6 +82,23 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
 template <typename T>
 void gelu_tanh_mul_rows(const T* x, T* out, int64_t rows, int64_t width);
 
+// gpt-oss's gate: (clamp(up, -limit, limit) + 1) * (g * sigmoid(alpha g)) with g = min(gate, limit),
+// each step rounded to the dtype as the reference's eager ops round it.
+template <typename T>
+void swiglu_oai_mul_rows(const T* x, T* out, int64_t rows, int64_t width, float alpha, float limit);
+
+// experts.cpp: a mixture of experts' choice for each row of router logits [rows][experts]: the
+// top_k experts (largest first, a tie to the lower expert) into chosen [rows][top_k], their
+// weights into weights [rows][top_k] as llama.MoE.route computes them: the softmax over every
+// expert in float32, then its top k (renormalised to sum 1 with `normalize`), rounded to T unless
+// `float32_weights`; or (`topk_first`, gpt-oss) the softmax of the top k logits alone, rounded to T.
+struct Routing {
+    int64_t experts, top_k;
+    bool topk_first, normalize, float32_weights;
+};
+template <typename T>
+void route_rows(const T* logits, int64_t rows, const Routing& routing, float* weights, int64_t* chosen);
+
 // token_mask.cpp: logits[rows[k]] (rows `row_stride` apart, `vocab` wide) set to -inf where bit i of
 // mask k is 0; mask k is `bits_stride` 16-bit words from bits + k * bits_stride, little-endian.
 void mask_token_rows(float* logits, int64_t row_stride, int64_t vocab, const uint16_t* bits, int64_t bits_stride,
@@ -102,6 +119,7 @@ struct PagedAttention {
     int64_t slot_stride, head_stride;
     int64_t window = 0;    // a row sees only its last `window` positions (sliding-window layers); 0: all
     float softcap = 0.0f;  // scores pass through softcap * tanh(score / softcap) (Gemma 2); 0: as they are
+    const T* sinks = nullptr;  // [heads]: a logit each head's softmax takes in, with no value (gpt-oss)
 };
 
 // Per query row: its sequence (-1: in none) and the last position it sees.

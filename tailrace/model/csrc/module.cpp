@@ -9,6 +9,7 @@ void register_decoder(pybind11::module& m);
 void register_int_linear(pybind11::module& m);
 void register_token_mask(pybind11::module& m);
 void register_greedy(pybind11::module& m);
+void register_experts(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
@@ -18,4 +19,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_int_linear(m);
     register_token_mask(m);
     register_greedy(m);
+    register_experts(m);
 }

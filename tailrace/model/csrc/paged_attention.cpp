@@ -22,6 +22,7 @@
 #include "parallel.h"
 #include "vec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -218,7 +219,10 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
 #pragma GCC unroll 16
     for (int g = 0; g < G; ++g) {
         float* head_scores = scored + g * padded;
-        const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(best[g]));
+        // a sink is one more logit in the softmax's max and sum, with no value to weigh
+        const float sink = p.sinks != nullptr ? static_cast<float>(p.sinks[head + g]) : -INFINITY;
+        const float top = std::max(_mm512_reduce_max_ps(best[g]), sink);
+        const __m512 max = _mm512_set1_ps(top);
         __m512 total = _mm512_setzero_ps();
         for (int64_t base = start; base < n; base += kLanes) {
             const __mmask16 live = lanes(n - base) & ~lanes(std::max<int64_t>(0, first - base));
@@ -227,7 +231,8 @@ void attend_group(const PagedAttention<T>& p, int64_t row, int64_t head, int64_t
             _mm512_storeu_ps(at, e);
             total = _mm512_add_ps(total, e);
         }
-        inverse[g] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+        const float sum = _mm512_reduce_add_ps(total);
+        inverse[g] = _mm512_set1_ps(1.0f / (p.sinks != nullptr ? sum + std::exp(sink - top) : sum));
     }
     __m512 acc[G][kMost][C::kParts];
 #pragma GCC unroll 16
@@ -311,7 +316,7 @@ void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int6
 torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                               const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                               const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs, double scale,
-                              int64_t window, double softcap) {
+                              int64_t window, double softcap, const c10::optional<torch::Tensor>& sinks) {
     // q may be a view of rows of the fused q/k/v projection: each row's heads contiguous is enough
     const bool rows_packed = q_any.dim() == 3 && q_any.stride(2) == 1 && q_any.stride(1) == q_any.size(2);
     const torch::Tensor q = rows_packed ? q_any : q_any.contiguous();
@@ -325,6 +330,8 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
     TORCH_CHECK(q.size(1) % k_pages.size(1) == 0, "query heads must be a multiple of KV heads");
     TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
                 block_tables.scalar_type() == torch::kInt32, "metadata must be int32");
+    TORCH_CHECK(!sinks || (sinks->scalar_type() == q.scalar_type() && sinks->is_contiguous() &&
+                           sinks->numel() == q.size(1)), "sinks must be [H] in q's dtype");
     const tailrace::QueryRows rows = tailrace::query_rows(query_start_loc.data_ptr<int32_t>(),
                                                           seq_lens.data_ptr<int32_t>(), num_seqs, q.size(0));
     torch::Tensor out = torch::empty(q.sizes(), q.options());
@@ -333,7 +340,7 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
         PagedAttention<T> p{q.data_ptr<T>(), q.stride(0), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), out.data_ptr<T>(),
                      block_tables.data_ptr<int32_t>(), block_tables.stride(0), block_tables.stride(1), block_size,
                      q.size(1), k_pages.size(1), dim, static_cast<float>(scale), k_pages.stride(0), k_pages.stride(1),
-                     window, static_cast<float>(softcap)};
+                     window, static_cast<float>(softcap), sinks ? sinks->data_ptr<T>() : nullptr};
         tailrace::paged_attention(p, rows);
     });
     return out;
@@ -389,8 +396,9 @@ void register_paged_attention(pybind11::module& m) {
     namespace py = pybind11;
     m.def("paged_attention", &paged_attention,
           "causal attention of q [T, H, D] over paged K/V through block tables (bfloat16 or float32); window: "
-          "the positions a row sees back from itself (0: all); softcap: scores through softcap * tanh(s / softcap)",
+          "the positions a row sees back from itself (0: all); softcap: scores through softcap * tanh(s / softcap); "
+          "sinks [H]: a logit each head's softmax takes in",
           py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("query_start_loc"), py::arg("seq_lens"),
           py::arg("block_tables"), py::arg("block_size"), py::arg("num_seqs"), py::arg("scale"), py::arg("window") = 0,
-          py::arg("softcap") = 0.0);
+          py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
 }
