@@ -45,9 +45,18 @@ using tailrace::kLanes;
 using tailrace::lanes;
 
 constexpr int64_t kBlock = 32;             // inputs per activation scale and per weight group
-constexpr int64_t kVectors = 4;            // vectors per tile: a tile's rows reuse each code load 4 ways
-constexpr int64_t kOneRowVectors = 8;      // vectors per tile of a lone row (see run)
+constexpr int64_t kVectors = 4;            // vectors a scale run holds (see scale_at), and a share of the work
 constexpr int64_t kRows = 4;               // rows per tile: each code load serves this many rows
+#ifdef __AVX512F__
+constexpr int64_t kTileVectors = 4;        // vectors per tile: a tile's rows reuse each code load 4 ways
+constexpr int64_t kOneRowVectors = 8;      // vectors per tile of a lone row (see run)
+#else
+// AVX2 has 16 registers, not 32: a tile of 4 rows by 4 vectors wanted 64 of them for its integer
+// and float sums alone. 4 rows by 1 vector with int4_block_sums took a batch's rows through
+// Gemma-3-1B's int4 projections in 0.65x of the time (bench/RESULTS.md, twenty-third session).
+constexpr int64_t kTileVectors = 1;
+constexpr int64_t kOneRowVectors = 4;
+#endif
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
 
 enum class Scales { PerRow, Grouped, GroupedWithZero };
@@ -163,6 +172,83 @@ constexpr int64_t kScalePrefetch = 4;
 
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
+template <bool OneRow>
+inline void prefetch_codes(const uint8_t* at) {
+    if constexpr (OneRow)
+        _mm_prefetch(reinterpret_cast<const char*>(at) + kOneRowPrefetch, _MM_HINT_T1);
+    else
+        _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
+}
+
+#ifndef __AVX512F__
+// AVX2's int4 block: vpdpbusd is three instructions here (maddubs, madd, add), so the products go
+// into int16 pairs over the whole block and widen to int32 once, with the same sums. Exact: a
+// pair's 16 products over the block are each at most 15 x 127, 30480 in all, within int16.
+template <bool OneRow, int MT, int NT>
+inline void int4_block_sums(const uint8_t* codes, int64_t stride, const int8_t* x, int64_t K,
+                            __m512i (&isum)[MT][NT]) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i pairs[MT][NT][2];
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            pairs[i][j][0] = pairs[i][j][1] = _mm256_setzero_si256();
+    // Not unrolled: unrolled, GCC computed all of the block's products before adding any, and
+    // spilled them to the stack.
+#pragma GCC unroll 1
+    for (int64_t step = 0; step < kBlock / kLoadInputs<4>; ++step)
+        for (int j = 0; j < NT; ++j) {
+            const uint8_t* at = codes + j * stride + step * kLoadBytes<4>;
+            prefetch_codes<OneRow>(at);
+            __m256i w[2][2];  // [lanes 0-7 or 8-15][inputs 0-3 or 4-7]
+            for (int h = 0; h < 2; ++h) {
+                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * h));
+                w[h][0] = _mm256_and_si256(bytes, low);
+                w[h][1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+            }
+            for (int i = 0; i < MT; ++i) {
+                const int8_t* row = x + i * K + step * kLoadInputs<4>;
+                const __m256i a0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                const __m256i a1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                for (int h = 0; h < 2; ++h)
+                    pairs[i][j][h] = _mm256_add_epi16(pairs[i][j][h], _mm256_add_epi16(_mm256_maddubs_epi16(w[h][0], a0),
+                                                                                       _mm256_maddubs_epi16(w[h][1], a1)));
+            }
+        }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            isum[i][j] = {_mm256_madd_epi16(pairs[i][j][0], ones), _mm256_madd_epi16(pairs[i][j][1], ones)};
+}
+#endif
+
+// One block's integer sums of MT rows (their codes K apart) by NT vectors (their codes `stride`
+// apart): isum[i][j] lane l = the sum of weight code times row code over the block's 32 inputs.
+template <int Bits, bool OneRow, int MT, int NT>
+inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
+                       __m512i (&isum)[MT][NT]) {
+#ifndef __AVX512F__
+    if constexpr (Bits == 4) {
+        int4_block_sums<OneRow>(codes, stride, x, K, isum);
+        return;
+    }
+#endif
+    constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
+    for (int i = 0; i < MT; ++i)
+        for (int j = 0; j < NT; ++j)
+            isum[i][j] = _mm512_setzero_si512();
+    for (int64_t step = 0; step < kSteps; ++step) {
+        __m512i wv[NT][2];
+        for (int j = 0; j < NT; ++j) {
+            const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
+            load_codes<Bits>(at, wv[j]);
+            prefetch_codes<OneRow>(at);
+        }
+        for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NT; ++j)
+                isum[i][j] = dot<Bits>(isum[i][j], wv[j], x + i * K + step * kLoadInputs<Bits>);
+    }
+}
+
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
 // [MT][V][16]. The pointers are set once and the float sums stay in registers over the blocks:
 // with a code address and the sums' loads and stores worked out per vector and block, half of a
@@ -170,6 +256,7 @@ inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si
 template <int Bits, Scales S, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
+    constexpr bool kOneRow = V == kOneRowVectors;
     const int64_t stride = vector_bytes<Bits>(p);
     const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * kLoadBytes<Bits>;
     const auto* x = static_cast<const ActivationCode<Bits>*>(p.x.codes) + m0 * p.K + b0 * kBlock;
@@ -181,23 +268,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             acc[i][j] = _mm512_loadu_ps(part + (i * V + j) * kLanes);
     for (int64_t b = b0; b < b1; ++b, codes += kSteps * kLoadBytes<Bits>, x += kBlock) {
         __m512i isum[MT][NT];
-        for (int i = 0; i < MT; ++i)
-            for (int j = 0; j < NT; ++j)
-                isum[i][j] = _mm512_setzero_si512();
-        for (int64_t step = 0; step < kSteps; ++step) {
-            __m512i wv[NT][2];
-            for (int j = 0; j < NT; ++j) {
-                const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
-                load_codes<Bits>(at, wv[j]);
-                if constexpr (V == kOneRowVectors)
-                    _mm_prefetch(reinterpret_cast<const char*>(at) + kOneRowPrefetch, _MM_HINT_T1);
-                else
-                    _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetch, _MM_HINT_T0);
-            }
-            for (int i = 0; i < MT; ++i)
-                for (int j = 0; j < NT; ++j)
-                    isum[i][j] = dot<Bits>(isum[i][j], wv[j], x + i * p.K + step * kLoadInputs<Bits>);
-        }
+        block_sums<Bits, kOneRow, MT, NT>(codes, stride, x, p.K, isum);
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
             if constexpr (S != Scales::PerRow) {
@@ -283,7 +354,7 @@ void run(const Problem& p, T* y) {
         if (p.M == 1)
             run_tiles<Bits, S, 1, kOneRowVectors>(p, v0, v1, m0, m1, y);
         else
-            run_tiles<Bits, S, kRows, kVectors>(p, v0, v1, m0, m1, y);
+            run_tiles<Bits, S, kRows, kTileVectors>(p, v0, v1, m0, m1, y);
     });
 }
 
