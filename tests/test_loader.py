@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model import loader
 from tailrace.model.loader import load_model, resolve_dtype
+from tailrace.model.quant import quantize_model
 
 SMALL = dict(
     hidden_size=64,
@@ -98,6 +99,22 @@ def test_dummy_weights_need_only_config_and_follow_the_seed(hf_model, tmp_path):
     weight = "model.layers.0.mlp.down_proj.weight"
     assert torch.equal(first.get_parameter(weight), again.get_parameter(weight))
     assert not torch.equal(first.get_parameter(weight), other.get_parameter(weight))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_dummy_weights_quantized_as_drawn_equal_quantizing_after(hf_model, tmp_path, method):
+    """Each projection quantized right after its draw (what lets a model larger than memory load)
+    holds what quantizing the whole float model would, and the other weights are the same draws."""
+    hf_model.config.save_pretrained(tmp_path)
+    streamed, _ = load_model(str(tmp_path), load_format="dummy", seed=3, quantization=method)
+    whole, _ = load_model(str(tmp_path), load_format="dummy", seed=3)
+    quantize_model(whole, method)
+    ours, theirs = streamed.state_dict(), whole.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert not any(type(module) is loader.Linear for module in streamed.modules())
+    with pytest.raises(ValueError, match="unsupported quantization"):
+        load_model(str(tmp_path), load_format="dummy", quantization="fp3")
 
 
 def test_bfloat16_load_runs_close_to_float32(single):

@@ -262,15 +262,16 @@ def dequantize(tensor: ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
 
 
-def checkpoint_tensors(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every weight; q and k rows back in Hugging Face order."""
+def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 tensor) for every weight but those named in `skip` (GGUF names),
+    which are not even dequantized; q and k rows back in Hugging Face order."""
     arch = architecture(reader)
     heads = metadata(reader, f"{arch}.attention.head_count")
     kv_heads = metadata(reader, f"{arch}.attention.head_count_kv", heads)
     expert_biases: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        if tensor.name == _ROPE_FREQS or tensor.name in _LONGROPE_FACTORS:
-            continue  # read into the config's rope scaling
+        if tensor.name == _ROPE_FREQS or tensor.name in _LONGROPE_FACTORS or tensor.name in skip:
+            continue  # rope tensors are read into the config's rope scaling
         name = hf_name(tensor.name, arch)
         values = dequantize(tensor)
         if name.endswith("_exps.weight"):  # [experts, out, in]: each expert's as its own tensor

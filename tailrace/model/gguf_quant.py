@@ -16,6 +16,8 @@ codes' error); PyTorch's kernels, where tailrace's cannot run, keep them in bflo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
@@ -25,7 +27,7 @@ from gguf import GGUFReader, ReaderTensor
 
 from tailrace.model import gguf
 from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
-from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for
+from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
 MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
 _K_SCALE_BYTES = 12  # Q4_K's 6-bit scales and mins of its 8 sub-blocks
@@ -41,63 +43,87 @@ _PROJECTION_PARTS = {
 _FUSED_TENSORS = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
 
 
-def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader) -> list[str]:
-    """Every projection (and the LM head) whose GGUF tensors share one mapped type, replaced in
-    place by its quantized module built from the file's blocks; the others keep the float weights
-    the loader dequantized. CPU only (the integer kernels are). Returns the replaced projections' names."""
+@dataclass(frozen=True, slots=True)
+class BlockProjection:
+    """A projection the file's blocks serve: `parent.name` (`path` in the model), from the rows of
+    `parts` stacked (one `expert`'s rows where they stack experts), then in `row_order`."""
+    parent: nn.Module
+    name: str
+    path: str
+    parts: tuple[ReaderTensor, ...]
+    row_order: np.ndarray | None = None
+    expert: int | None = None
+
+
+def block_projections(model: LlamaForCausalLM, reader: GGUFReader) -> list[BlockProjection]:
+    """Every projection (and the LM head) whose GGUF tensors share one mapped type: what
+    use_gguf_blocks replaces. The loader leaves their float weights unread and untouched (an
+    untouched torch.empty tensor holds no memory), so a quantized file larger than its float
+    weights would be (Qwen3-30B-A3B's Q4_0, 17 GB against 61 GB in bfloat16) loads in its own size."""
     tensors = {t.name: t for t in reader.tensors}
-    rotary_heads = _rotary_heads(reader)
     config = model.config
     qkv_order = None if config.rotary_dim == config.head_dim else qkv_row_order(config).numpy()
-    replaced = []
+    found = []
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = getattr(layer, block)
             if isinstance(parent, MoE):
                 if name == "gate_up_proj":
-                    replaced += _expert_blocks(parent, i, tensors)
+                    found += _expert_projections(parent, i, tensors)
                 continue
-            bias = getattr(parent, name).bias
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
                 parts = (_FUSED_TENSORS[name],)  # Phi-3's
-            module = stacked_linear([tensors[f"blk.{i}.{part}.weight"] for part in parts], rotary_heads,
-                                    None if bias is None else bias.detach(),
-                                    qkv_order if name == "qkv_proj" else None)
-            if module is not None:
-                setattr(parent, name, module)
-                replaced.append(f"model.layers.{i}.{block}.{name}")
-    head = stacked_linear([tensors.get("output.weight", tensors["token_embd.weight"])], rotary_heads, None)
-    if head is not None:
-        model.lm_head = head
-        replaced.append("lm_head")
-    return replaced
+            found.append(BlockProjection(parent, name, f"model.layers.{i}.{block}.{name}",
+                                         tuple(tensors[f"blk.{i}.{part}.weight"] for part in parts),
+                                         qkv_order if name == "qkv_proj" else None))
+    head = tensors.get("output.weight", tensors["token_embd.weight"])
+    found.append(BlockProjection(model, "lm_head", "lm_head", (head,)))
+    return [p for p in found if _mapped(p.parts) and takes_grouped(
+        sum(int(part.shape[1]) for part in p.parts), int(p.parts[0].shape[0]))]
 
 
-def _expert_blocks(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) -> list[str]:
-    """Each expert's projections from the file's stacked [experts, rows, blocks] tensors, where
-    their type maps; the replaced projections' names."""
+def _expert_projections(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) -> list[BlockProjection]:
+    """Each expert's projections from the file's stacked [experts, rows, blocks] tensors."""
     stacked = {part: tensors.get(f"blk.{layer}.ffn_{part}_exps.weight") for part in ("gate", "up", "down")}
-    replaced = []
+    found = []
     for index, expert in enumerate(moe.experts):
         for name, parts in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
-            if any(stacked[part] is None for part in parts):
-                continue
-            bias = getattr(expert, name).bias
-            module = stacked_linear([stacked[part] for part in parts], {}, None if bias is None else bias.detach(),
-                                    expert=index)
-            if module is not None:
-                setattr(expert, name, module)
-                replaced.append(f"model.layers.{layer}.mlp.experts.{index}.{name}")
+            if all(stacked[part] is not None for part in parts):
+                found.append(BlockProjection(expert, name, f"model.layers.{layer}.mlp.experts.{index}.{name}",
+                                             tuple(stacked[part] for part in parts), expert=index))
+    return found
+
+
+def _mapped(parts: tuple[ReaderTensor, ...]) -> bool:
+    """Whether the parts share one mapped type: rows are independent in every block format, so
+    stacking raw rows is exact. A Q4_K_M file's Q6_K attn_v, for one, leaves its fused qkv_proj
+    in float."""
+    return len({part.tensor_type for part in parts}) == 1 and parts[0].tensor_type in MAPPED_TYPES
+
+
+def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
+                    projections: list[BlockProjection] | None = None) -> list[str]:
+    """The `projections` (by default every one block_projections finds) replaced in place by
+    quantized modules built from the file's blocks; the others keep the float weights the loader
+    dequantized. CPU only (the integer kernels are). Returns the replaced projections' paths."""
+    rotary_heads = _rotary_heads(reader)
+    replaced = []
+    for p in block_projections(model, reader) if projections is None else projections:
+        current = getattr(p.parent, p.name)
+        bias = None if current is None or current.bias is None else current.bias.detach()
+        module = stacked_linear(list(p.parts), rotary_heads, bias, p.row_order, p.expert)
+        if module is not None:
+            setattr(p.parent, p.name, module)
+            replaced.append(p.path)
     return replaced
 
 
 def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias: torch.Tensor | None,
                    row_order: np.ndarray | None = None, expert: int | None = None) -> nn.Module | None:
     """One projection over the parts' rows stacked (then in `row_order`, where given), of one
-    `expert`'s rows where the parts stack experts: rows are independent in every block format, so
-    stacking raw rows is exact, as long as the parts share one mapped type (else None). A Q4_K_M
-    file's Q6_K attn_v, for one, leaves its fused qkv_proj in float."""
-    if len({part.tensor_type for part in parts}) != 1 or parts[0].tensor_type not in MAPPED_TYPES:
+    `expert`'s rows where the parts stack experts, as long as the parts share one mapped type (else
+    None), and a kernel takes the shape."""
+    if not _mapped(tuple(parts)):
         return None
     rows = []
     for part in parts:

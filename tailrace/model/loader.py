@@ -12,11 +12,11 @@ from safetensors import safe_open
 
 from tailrace.model import bf16_linear, gguf
 from tailrace.model.config import ModelConfig, limit_context, load_model_config
-from tailrace.model.gguf_quant import use_gguf_blocks
+from tailrace.model.gguf_quant import block_projections, use_gguf_blocks
 from tailrace.model.hub import is_gguf
-from tailrace.model.llama import LlamaForCausalLM, RMSNorm, reorder_rotary_dims
+from tailrace.model.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
 from tailrace.model.mxfp4 import dequantize_mxfp4
-from tailrace.model.quant import quantize_model
+from tailrace.model.quant import check_quantization, quantize_linear, quantize_model
 from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,14 +54,19 @@ def load_model(
         model = LlamaForCausalLM(config if shard is None else local_config(config, shard), torch_dtype)
     with torch.no_grad():
         if load_format == "dummy":
-            init_dummy_weights(model, seed)
+            if quantization is not None:
+                check_quantization(model, quantization)
+            init_dummy_weights(model, seed, quantization if shard is None else None)
         elif is_gguf(path):
             reader = gguf.open_gguf(path)
-            tensors = gguf.checkpoint_tensors(reader)
-            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard))
+            # the file's own codes where they map, their float weights never read; quantize_model does the rest
+            blocks = block_projections(model, reader) if quantization is not None and shard is None else []
+            unread = {part.name for p in blocks for part in p.parts} - {"token_embd.weight"}  # the table is read
+            tensors = gguf.checkpoint_tensors(reader, skip=unread)
+            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard),
+                         supplied={f"{p.path}.weight" for p in blocks})
             reorder_rotary_dims(model)
-            if quantization is not None and shard is None:
-                use_gguf_blocks(model, reader)  # the file's own codes where they map; quantize_model does the rest
+            use_gguf_blocks(model, reader, blocks)
         else:
             # A GGUF file holds the norms' scales; a Gemma checkpoint holds them less 1 (llama.cpp's
             # converter adds it, as this does).
@@ -123,20 +128,29 @@ def checkpoint_files(path: str) -> list[str]:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def init_dummy_weights(model: LlamaForCausalLM, seed: int) -> None:
+def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | None = None) -> None:
     """Seeded normal(0, 0.02) weights, norm scales at 1, for benchmarks without a checkpoint.
 
     Drawn on the parameters' device: on CPU, 1e8 values took 0.7 s on 2 cores, so an 8B model's
     would take about a minute before its copy to the GPU. The same seed gives other weights on
     CUDA than on CPU.
+
+    With a `quantization`, each projection is quantized as soon as its weights are drawn (the same
+    values as quantize_model would take): a tensor from torch.empty holds no memory until written,
+    and the quantized projection frees the float one, so a model whose float weights would not fit
+    in memory (Qwen3-30B-A3B's 61 GB in bfloat16) loads in about its quantized size.
     """
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    for param in model.parameters():
-        param.copy_(torch.randn(param.shape, generator=generator, device=device) * _DUMMY_STD)
-    for module in model.modules():
+    parent_of = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    for module in list(model.modules()):  # the order of model.parameters(): the same draws
+        for param in module.parameters(recurse=False):
+            param.copy_(torch.randn(param.shape, generator=generator, device=device) * _DUMMY_STD)
         if isinstance(module, RMSNorm):
             module.weight.fill_(1.0)
+        elif quantization is not None and type(module) is Linear:
+            parent, name = parent_of[id(module)]
+            setattr(parent, name, quantize_linear(module.weight, module.bias, quantization))
 
 
 def safetensors_tensors(files: list[str], lazy: bool = False) -> Iterator[tuple[str, Any]]:
@@ -194,11 +208,12 @@ def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
 
 
 def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]],
-                 norm_offset: float = 0.0) -> None:
+                 norm_offset: float = 0.0, supplied: set[str] = frozenset()) -> None:
     """Copy every (Hugging Face name, tensor) into its (possibly fused) parameter, casting to the
-    model dtype; each norm's weight first has `norm_offset` added (in float32)."""
+    model dtype; each norm's weight first has `norm_offset` added (in float32). The `supplied`
+    parameters come from elsewhere (GGUF blocks): neither read nor missing."""
     params = dict(model.named_parameters())
-    sources = _checkpoint_names(params)
+    sources = {name: options for name, options in _checkpoint_names(params).items() if name not in supplied}
     expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []

@@ -141,6 +141,11 @@ def int4_packable(out_features: int, in_features: int) -> bool:
     return in_features % INT4_GROUP_SIZE == 0 and out_features % _INT4_OUT_TILE == 0
 
 
+def takes_grouped(out_features: int, in_features: int) -> bool:
+    """Whether linear_for has a kernel here for a weight of this shape with scales per 32 inputs."""
+    return (int_linear.available() and int_linear.takes(in_features)) or int4_packable(out_features, in_features)
+
+
 def linear_for(weight: IntWeight, bias: torch.Tensor | None) -> nn.Module | None:
     """The module multiplying by `weight` here, or None where no kernel takes its shape."""
     out_features, in_features = weight.codes.shape
@@ -162,11 +167,15 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, method: str
     return linear_for(quantize_int8(weight), bias)  # per-row int8 always has a kernel
 
 
-def quantize_model(model: LlamaForCausalLM, method: str) -> LlamaForCausalLM:
-    """Every projection and the LM head quantized in place from the loaded float weights."""
+def check_quantization(model: LlamaForCausalLM, method: str) -> None:
     if model.dtype not in (torch.float32, _ACT_DTYPE):
         raise ValueError(f"quantization {method!r} needs float32 or bfloat16 compute, not {model.dtype}")
     if method not in QUANTIZATIONS:
         raise ValueError(f"unsupported quantization {method!r}; supported: {', '.join(QUANTIZATIONS)}")
+
+
+def quantize_model(model: LlamaForCausalLM, method: str) -> LlamaForCausalLM:
+    """Every projection and the LM head quantized in place from the loaded float weights."""
+    check_quantization(model, method)
     replace_projections(model, lambda weight, bias: quantize_linear(weight, bias, method))
     return model
