@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer
 
 from tailrace.bench import cli, compare, shapes
 from tailrace.bench.compare import CompareConfig, make_cells, ours_server, peer_settings
@@ -221,6 +224,56 @@ def test_shapes_of_other_architectures_load_as_their_architecture(tmp_path: Path
         model, config = load_model(str(shapes.write_shape(shape, tmp_path)))
         assert config.architecture == architecture
         assert all((layer.input_layernorm.weight == 1).all() for layer in model.model.layers)
+
+
+def test_a_gemma_3_shape_lists_a_token_for_every_embedding_row(tmp_path: Path):
+    """llama.cpp's Gemma 3 converter keeps as many embedding rows as tokenizer.json lists tokens;
+    the rows past the embedded model's own tokens stay zero, so greedy decoding keeps to them."""
+    shape = dataclasses.replace(TINY, name="gemma", architecture="Gemma3ForCausalLM", model_type="gemma3_text",
+                                extra={"query_pre_attn_scalar": 8, "sliding_window": 4})
+    directory = shapes.write_shape(shape, tmp_path)
+    listed = json.loads((directory / "tokenizer.json").read_text())
+    assert len(listed["model"]["vocab"]) + len(listed["added_tokens"]) >= shape.vocab_size
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == shape.vocab_size
+    assert tokenizer.id_to_token(shape.vocab_size - 1) == f"<unused{shape.vocab_size - 1}>"
+    known = shapes.tokenizer_size(Path(EMBEDDED_MODEL) / "tokenizer.json")
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        embed = weights.get_tensor("model.embed_tokens.weight")
+    assert embed[known:].abs().sum() == 0 and embed[:known].abs().sum() > 0
+    assert tokenizer.decode(tokenizer.encode("hello world").ids) == \
+        Tokenizer.from_file(str(Path(EMBEDDED_MODEL) / "tokenizer.json")).decode(tokenizer.encode("hello world").ids)
+
+
+def test_a_one_layer_gguf_repeated_loads_as_that_many_equal_layers(tmp_path: Path):
+    """Qwen3-30B-A3B's shape is one written layer repeated (122 GB in float32 otherwise): the
+    repeated GGUF is a model of that many layers, each with the source layer's own blocks."""
+    from gguf import GGMLQuantizationType
+    from safetensors.numpy import load_file, save_file
+
+    from gguf_writer import write_gguf
+
+    source = tmp_path / "one"
+    shutil.copytree(EMBEDDED_MODEL, source, ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if ".layers." not in k or ".layers.0." in k}, str(source / "model.safetensors"))
+    one = write_gguf(tmp_path / "one.gguf", GGMLQuantizationType.Q4_0, source=source)
+    shapes.repeat_layer(one, 3, tmp_path / "three.gguf")
+    model, loaded = load_model(str(tmp_path / "three.gguf"), quantization="int4")
+    assert loaded.num_hidden_layers == 3
+    first = model.model.layers[0].state_dict()
+    assert all(torch.equal(first[k], layer.state_dict()[k]) for layer in model.model.layers[1:] for k in first)
+    with pytest.raises(ValueError, match="more than one layer"):
+        shapes.repeat_layer(tmp_path / "three.gguf", 2, tmp_path / "six.gguf")
+
+
+def test_the_moe_shape_has_qwen3_30b_a3bs_parameters():
+    count = sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES["qwen3-30b-a3b"]).values())
+    assert 30.4e9 < count < 30.6e9  # Qwen3-30B-A3B's 30.5B
+    layer = shapes.layer_of(shapes.SHAPES["qwen3-30b-a3b"])
+    assert layer.num_hidden_layers == 1 and not layer.one_layer
 
 
 TINY = shapes.Shape("tiny", hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

@@ -142,6 +142,12 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
 
 
 def _model_dir(config: CompareConfig, tmp: Path) -> str:
+    if config.shape and SHAPES[config.shape].one_layer:
+        if config.peers != [llamacpp.NAME]:
+            raise BenchError(f"the {config.shape} shape is a GGUF of one repeated layer, which only llamacpp "
+                             f"reads of the peers (--peer llamacpp)")
+        return str(llamacpp.repeated_layer_gguf(config.peers_dir / llamacpp.NAME, SHAPES[config.shape],
+                                                config.dtype, config.peer_quant))
     if config.shape:
         return str(write_shape(SHAPES[config.shape]))  # ours, written once: nothing changes it
     source = config.model_dir or EMBEDDED_MODEL

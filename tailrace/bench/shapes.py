@@ -5,7 +5,8 @@ Every server of a comparison must read the same weights, and llama.cpp reads onl
 from real files, so a shape is written out in full (config.json, generation_config.json, weights as
 safetensors) rather than served with `--load-format dummy`. The tokenizer is the embedded model's:
 its vocabulary is smaller than the shape's, which the servers accept (the converter pads the rest
-with [PAD] tokens). The embedding rows past the tokenizer's last id are zero (the embeddings are
+with [PAD] tokens; for Gemma 3, whose converter drops embedding rows past the tokenizer's tokens,
+the shape's tokenizer lists unused special tokens up to the vocabulary size). The embedding rows past the tokenizer's last id are zero (the embeddings are
 tied), so those ids score 0 against the spread of the real tokens' scores and greedy decoding always
 picks a token the tokenizer can turn into text: a stream of undecodable ids has no content to time.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ class Shape:
     architecture: str = "LlamaForCausalLM"
     model_type: str = "llama"
     extra: dict[str, Any] = field(default_factory=dict)  # the architecture's own config fields
+    # Too large to write in float (Qwen3-30B-A3B: 122 GB in float32): one layer is written and
+    # converted, and every server reads the GGUF that repeats its quantized layer (repeat_layer).
+    one_layer: bool = False
 
 
 SHAPES = {shape.name: shape for shape in (
@@ -65,13 +69,58 @@ SHAPES = {shape.name: shape for shape in (
           head_dim=128, intermediate_size=8192, vocab_size=200064, max_position_embeddings=131072,
           rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
           architecture="Phi3ForCausalLM", model_type="phi3"),
+    # Qwen/Qwen3-30B-A3B's shape: 128 experts of 768, 8 a token, in every layer; untied head
+    Shape("qwen3-30b-a3b", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+          head_dim=128, intermediate_size=6144, vocab_size=151936, max_position_embeddings=40960,
+          rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, architecture="Qwen3MoeForCausalLM",
+          model_type="qwen3_moe", one_layer=True,
+          extra={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+                 "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+                 "tie_word_embeddings": False}),
 )}
+
+
+def layer_of(shape: Shape) -> Shape:
+    """The one layer of a shape written as one layer (see Shape.one_layer), as a shape of its own."""
+    return replace(shape, name=f"{shape.name}-1-layer", num_hidden_layers=1, one_layer=False)
+
+
+def repeat_layer(source: Path, layers: int, target: Path) -> None:
+    """A GGUF of `layers` layers, each the one layer (blk.0) of the GGUF `source`, in the source's
+    own types and bytes: a shape's quantized weights without ever holding them in float."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    if reader.fields[f"{arch}.block_count"].contents() != 1:
+        raise ValueError(f"{source} has more than one layer to repeat")
+    writer = gguf.GGUFWriter(target, arch)
+    for name, entry in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = layers if name == f"{arch}.block_count" else entry.contents()
+        array = entry.types[0] == gguf.GGUFValueType.ARRAY
+        writer.add_key_value(name, value, entry.types[0], sub_type=entry.types[-1] if array else None)
+    written = []
+    for tensor in reader.tensors:
+        names = [tensor.name.replace("blk.0.", f"blk.{i}.", 1) for i in range(layers)] \
+            if tensor.name.startswith("blk.0.") else [tensor.name]
+        for name in names:
+            writer.add_tensor_info(name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+            written.append(tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in written:
+        writer.write_tensor_data(tensor.data)
+    writer.close()
 
 
 def shape_config(shape: Shape, tokenizer_config: dict[str, Any]) -> dict[str, Any]:
     """config.json of a float32 model of `shape` with tied embeddings; special token ids come from
     the tokenizer's model."""
-    fields = {k: v for k, v in asdict(shape).items() if k not in ("name", "architecture", "model_type", "extra")}
+    fields = {k: v for k, v in asdict(shape).items()
+              if k not in ("name", "architecture", "model_type", "extra", "one_layer")}
     return {
         "architectures": [shape.architecture], "model_type": shape.model_type, "dtype": "float32",
         **fields, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
@@ -102,6 +151,20 @@ def tokenizer_size(tokenizer_json: Path) -> int:
     return max(ids) + 1
 
 
+def pad_tokenizer(tokenizer_json: Path, size: int) -> None:
+    """Special added tokens `<unusedN>` for the ids from the tokenizer's size up to `size`.
+    llama.cpp's Gemma 3 converter keeps only as many embedding rows as tokenizer.json lists tokens
+    (vocabulary plus added), yet writes the token list padded to the config's vocab_size, and its
+    server then refuses the model; a padded tokenizer keeps every row, as Gemma's own lists 6,242
+    unused tokens."""
+    tokenizer = json.loads(tokenizer_json.read_text())
+    tokenizer["added_tokens"] += [
+        {"id": i, "content": f"<unused{i}>", "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for i in range(tokenizer_size(tokenizer_json), size)]
+    tokenizer_json.write_text(json.dumps(tokenizer, ensure_ascii=False))
+
+
 def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]:
     """Seeded per tensor name, so a tensor's values do not depend on the others; norms scale by one
     (Gemma's are stored as the scale less one)."""
@@ -127,7 +190,8 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
 
     source = Path(tokenizer_dir)
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
-    stamp = json.dumps({"config": config, "seed": seed})
+    padded = shape.model_type.startswith("gemma3")  # see pad_tokenizer
+    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": padded})
     directory = root / shape.name
     if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
         return directory
@@ -140,6 +204,8 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     if shape.architecture == "Phi3ForCausalLM":  # llama.cpp converts a byte-level BPE Phi-3 (Phi-4's) by this class
         settings = json.loads((partial / "tokenizer_config.json").read_text())
         (partial / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
+    if padded:
+        pad_tokenizer(partial / "tokenizer.json", shape.vocab_size)
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
     save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})

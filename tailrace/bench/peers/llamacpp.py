@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tailrace.bench.peers import PeerServer, PeerSettings, offline_env
 from tailrace.bench.peers.install import is_installed, make_venv, mark_installed, start_install, step
+from tailrace.bench.shapes import Shape, layer_of, repeat_layer, write_shape
 
 NAME = "llamacpp"
 VERSION = "0.3.36"  # of llama-cpp-python, whose sdist carries the llama.cpp tree
@@ -109,8 +110,22 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None)
     return quantized
 
 
+def repeated_layer_gguf(directory: Path, shape: Shape, dtype: str, quant: str | None) -> Path:
+    """The GGUF of a shape written as one layer (Shape.one_layer): that layer written, converted
+    (and quantized), then repeated for every layer of the shape; made once."""
+    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant)
+    target = layer.with_name(f"{shape.name}-{layer.stem.removeprefix(layer_of(shape).name + '-')}.gguf")
+    if not target.exists():
+        partial = target.with_suffix(".partial")
+        print(f"{NAME}: repeating {layer.name}'s layer {shape.num_hidden_layers} times into {target.name}", flush=True)
+        repeat_layer(layer, shape.num_hidden_layers, partial)
+        partial.rename(target)
+    return target
+
+
 def launch(directory: Path, settings: PeerSettings) -> PeerServer:
-    gguf = ensure_gguf(directory, Path(settings.model_dir), settings.dtype, settings.quant)
+    model = Path(settings.model_dir)
+    gguf = model if model.suffix == ".gguf" else ensure_gguf(directory, model, settings.dtype, settings.quant)
     # -np slots share the context -c, so each slot gets max_model_len tokens; --jinja applies the
     # chat template the converter copied into the GGUF.
     command = [str(binary(directory, "llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
