@@ -166,3 +166,25 @@ def test_quantized_embedded_model_runs_on_the_kernel_and_stays_close_to_pytorchs
     expected, got = _prefill_logits(pytorchs, config, tokens), _prefill_logits(ours, config, tokens)
     agreement = (expected.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agreement >= 0.9
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+def test_zero_blocks_of_activations_touch_no_other_block(bits):
+    """A block of zeros gets zero codes, and only its own: int8 codes (against int4 weights) are
+    32 bytes a block, and a 64-byte store once zeroed the next block too, another thread's or
+    past the buffer's end (glibc then aborted: "double free or corruption")."""
+    codes, scales, zero = _random_weight(bits, True, bits == 4, 48, 4 * BLOCK, seed=5)
+    layer = IntLinear(codes, scales, zero, None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for trial in range(30):
+            x = torch.randn(32, 4 * BLOCK, generator=torch.Generator().manual_seed(trial))
+            x[15, 3 * BLOCK:] = 0.0  # the last block of the first half of the blocks (the other thread's next)
+            x[31, 3 * BLOCK:] = 0.0  # the very last block
+            actual = layer(x).double()
+            expected = _reference(x, codes, scales, zero)
+            assert (actual - expected).abs().max() <= 1e-5 * expected.abs().max()
+    finally:
+        torch.set_num_threads(previous)

@@ -94,7 +94,7 @@ void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, flo
             if (largest == 0.0f || !std::isfinite(largest)) {
                 // all zero, or inf/nan that no scale holds: NaN out, as a float matmul would give
                 const float s = largest == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-                _mm512_storeu_si512(codes + b * kBlock, _mm512_setzero_si512());
+                std::fill_n(codes + b * kBlock, kBlock, C{0});  // 32 codes: 64 bytes of int16, 32 of int8
                 scale[b] = s;
                 sum[b] = s;
                 continue;
