@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tailrace.model.huge_pages import HUGE_PAGE, Arena
+from tailrace.model.huge_pages import HUGE_PAGE, Arena, release_freed
 
 
 def tensors() -> list[torch.Tensor]:
@@ -65,3 +66,21 @@ def test_the_mapping_is_advised_for_huge_pages():
                 assert "hg" in fields[1:]  # MADV_HUGEPAGE on this mapping
                 return
     pytest.fail("the arena's mapping is not in /proc/self/smaps")
+
+
+def _resident() -> int:
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_gathered_weights_leave_no_resident_old_copies():
+    """Weights below glibc's risen mmap threshold come from its heaps, which keep freed memory
+    resident: gathered into an arena, their old copies stayed resident beside it until released."""
+    bigger = torch.ones(8 << 20, dtype=torch.uint8)
+    del bigger  # raises glibc's mmap threshold above the weights' size, as a model load does
+    weights = [torch.ones(1 << 20, dtype=torch.uint8) for _ in range(256)]
+    before = _resident()
+    arena = Arena(Arena.size_of(weights))
+    weights = [arena.take(w) for w in weights]
+    release_freed()
+    assert _resident() - before < 64 << 20  # not the 256 MB of old copies

@@ -25,7 +25,7 @@ from tailrace.model.attention import AttentionBatch, KVCache
 from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, pack_routers, packable
-from tailrace.model.huge_pages import Arena
+from tailrace.model.huge_pages import Arena, release_freed
 from tailrace.model.int_linear import IntLinear
 from tailrace.model.config import ModelConfig
 from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
@@ -176,6 +176,9 @@ def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...], rou
             and attn.rotate is kernels().rotary and _runs_kernel(mlp.act_and_mul))
 
 
+_RELEASE_EVERY = 256 << 20  # bytes of weights moved between hand-backs of the old copies' memory
+
+
 def gather_weights(model: LlamaForCausalLM) -> None:
     """Every Bf16Linear's, Float32Linear's and IntLinear's weights moved, in the order a step reads them (the
     modules' order: layer by layer, then the head), into one arena on huge pages (huge_pages.py).
@@ -185,8 +188,14 @@ def gather_weights(model: LlamaForCausalLM) -> None:
     if not slots:
         return
     arena = Arena(Arena.size_of([getattr(module, name) for module, name in slots]))
+    moved = 0
     for module, name in slots:
         setattr(module, name, arena.take(getattr(module, name)))  # the old copy goes as it is replaced
+        moved += getattr(module, name).nbytes
+        if moved >= _RELEASE_EVERY:  # else the old copies stay resident until the end: twice the weights
+            release_freed()
+            moved = 0
+    release_freed()
     if isinstance(model.model.embed_tokens, PackedEmbedding):
         model.model.embed_tokens = PackedEmbedding(model.lm_head)  # its lookups read the head's moved table
 

@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
 from tailrace.model import gguf
+from tailrace.model.huge_pages import release_freed
 from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
@@ -108,7 +109,13 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
     dequantized. CPU only (the integer kernels are). Returns the replaced projections' paths."""
     rotary_heads = _rotary_heads(reader)
     replaced = []
+    layer = None
     for p in block_projections(model, reader) if projections is None else projections:
+        if p.path.split(".")[:3] != layer:
+            # the last layer's decoding temporaries, which glibc would keep resident: a
+            # Qwen3-30B-A3B load otherwise grew 2 GB past its weights
+            release_freed()
+            layer = p.path.split(".")[:3]
         current = getattr(p.parent, p.name)
         bias = None if current is None or current.bias is None else current.bias.detach()
         module = stacked_linear(list(p.parts), rotary_heads, bias, p.row_order, p.expert)

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from tailrace.model import bf16_linear, gguf
 from tailrace.model.config import ModelConfig, limit_context, load_model_config
 from tailrace.model.gguf_quant import block_projections, use_gguf_blocks
+from tailrace.model.huge_pages import release_freed
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
 from tailrace.model.mxfp4 import dequantize_mxfp4
@@ -86,6 +87,7 @@ def load_model(
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
         quantize_model(model, quantization)
+        release_freed()  # the float weights it replaced, which glibc would keep resident
     return model.eval(), config
 
 
