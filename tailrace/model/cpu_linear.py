@@ -40,12 +40,17 @@ def packable(dtype: torch.dtype, device: torch.device) -> bool:
     instructions for it."""
     if device.type != "cpu":
         return False
-    return ((bf16_linear.available() and bf16_linear.kernel_linear(dtype) is not None)
+    return (_own_kernel(dtype) is not None
             or (torch.backends.mkldnn.is_available() and _onednn_takes(dtype)))
 
 
 def _onednn_takes(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _own_kernel(dtype: torch.dtype) -> type[Module] | None:
+    """tailrace's projection class for `dtype` where its kernels run here."""
+    return bf16_linear.kernel_linear(dtype) if bf16_linear.available() else None
 
 
 def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
@@ -54,7 +59,7 @@ def pack_linears(model: LlamaForCausalLM) -> LlamaForCausalLM:
     dtype, bench/bf16_linear_ab.py), the
     rest as a oneDNN PackedLinear where oneDNN takes the dtype, else left plain. A tied model's
     lookups then read the kernel's packed head, so its table is not held twice."""
-    own = bf16_linear.kernel_linear(model.dtype) if bf16_linear.available() else None
+    own = _own_kernel(model.dtype)
     onednn = torch.backends.mkldnn.is_available() and _onednn_takes(model.dtype)
     tied = model.lm_head is None
 
@@ -80,7 +85,7 @@ def pack_routers(model: LlamaForCausalLM) -> None:
     whether or not the rest is packed or quantized: its logits then never depend on the batch
     (oneDNN's and MKL's blocking follows the row count), so neither does a token's choice of
     experts, and the whole-forward loop runs the same router (cpu_ops.FusedForward)."""
-    own = bf16_linear.kernel_linear(model.dtype) if bf16_linear.available() else None
+    own = _own_kernel(model.dtype)
     if own is None:
         return
     with torch.no_grad():

@@ -302,10 +302,9 @@ class MoE(Module):
         width, inner, bias = config.hidden_size, config.moe_intermediate_size, config.moe_bias
         self.gate = Router(width, config.num_experts, bias, dtype)
         self.experts = nn.ModuleList(Expert(width, inner, bias, dtype) for _ in range(config.num_experts))
-        self.top_k = config.experts_per_token
         # choose_experts' switches: model/cpu_ops.py puts the kernel that takes the same ones in
         # `choose` on CPU, as it puts one-call kernels in `act_and_mul`
-        self.routing = {"top_k": self.top_k, "topk_first": config.router_topk_first,
+        self.routing = {"top_k": config.experts_per_token, "topk_first": config.router_topk_first,
                         "normalize": config.norm_topk_prob, "float32_weights": config.router_float32}
         self.choose = functools.partial(choose_experts, **self.routing)
         self.act = config.hidden_act
@@ -316,12 +315,12 @@ class MoE(Module):
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)
         # the (row, slot) pairs grouped by expert, rows ascending in each group: one sort a step
-        picks = chosen.flatten().argsort(stable=True)
+        picks, top_k = chosen.flatten().argsort(stable=True), chosen.shape[1]
         counts = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
         start = 0
         for expert, count in enumerate(counts):
             if count:
-                rows, slots = picks[start:start + count] // self.top_k, picks[start:start + count] % self.top_k
+                rows, slots = picks[start:start + count] // top_k, picks[start:start + count] % top_k
                 module = self.experts[expert]
                 y = module.down_proj(self.act_and_mul(module.gate_up_proj(x[rows])))
                 out.index_add_(0, rows, (y * weights[rows, slots, None]).to(x.dtype))
