@@ -213,6 +213,10 @@ def tailrace_url(tiny_checkpoint: str, tmp_path_factory: pytest.TempPathFactory)
     log = tmp_path_factory.mktemp("bench-server") / "server.log"
     with ServerProcess("tailrace", command, f"http://127.0.0.1:{port}", log) as server:
         wait_ready([server], timeout_s=90)
+        rss, peak = server.memory()
+        status = (Path("/proc") / str(server.process.pid) / "status").read_text()
+        own = int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
+        assert own < rss <= peak  # the engine core's process counted beside the API's
         yield server.url
 
 

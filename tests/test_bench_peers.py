@@ -294,6 +294,15 @@ def test_written_shape_has_seeded_weights_tokenizer_and_zero_rows_past_the_token
         assert all((a.get_tensor(k) == b.get_tensor(k)).all() for k in a.keys())
 
 
+def test_an_untied_shapes_head_scores_the_ids_past_the_tokenizer_zero(tmp_path: Path):
+    untied = dataclasses.replace(TINY, name="untied", extra={"tie_word_embeddings": False})
+    directory = shapes.write_shape(untied, tmp_path)
+    known = shapes.tokenizer_size(directory / "tokenizer.json")
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        head = weights.get_tensor("lm_head.weight")
+    assert head[known:].abs().sum() == 0 and head[:known].abs().sum() > 0
+
+
 def test_a_written_shape_is_reused_and_rewritten_when_its_seed_changes(tmp_path: Path):
     directory = shapes.write_shape(TINY, tmp_path, seed=0)
     written = (directory / "model.safetensors").stat().st_mtime_ns

@@ -170,13 +170,16 @@ def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | N
         ready_s = monotonic() - started
         print(f"{name}: ready after {ready_s:.0f} s", flush=True)
         levels, cells = asyncio.run(_measure(name, load, cells))
+        rss, peak_rss = process.memory()
+    print(f"{name}: resident memory {rss / 2**30:.2f} GiB at the end, peaks {peak_rss / 2**30:.2f} GiB "
+          f"(the server's processes)", flush=True)
     for level in levels:
         print(format_level_line(name, summarize(level)), flush=True)
     load_after = os.getloadavg()
     print(f"{name}: done; load average {_loads(load_after)}", flush=True)
     info = {"command": server.command, "model": load.model, "exact_length": load.exact_length,
             "extra_body": load.extra_body, "ready_s": ready_s, "load_average_before": load_before,
-            "load_average_after": load_after}
+            "load_average_after": load_after, "rss_bytes": rss, "peak_rss_bytes": peak_rss}
     return levels, cells, info
 
 

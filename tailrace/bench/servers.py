@@ -22,6 +22,24 @@ STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 3000
 
 
+def session_memory(session: int) -> tuple[int, int]:
+    """(resident, peak resident) bytes summed over the processes of a session (a server started in
+    a session of its own, with the processes it starts, such as tailrace's engine core), from
+    Linux's /proc (VmRSS, VmHWM); (0, 0) where there is none. The peaks are each process's own, so
+    their sum can exceed what was resident at any one time."""
+    rss = peak = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) != session:  # after the name: state ppid pgrp session
+                continue
+            status = dict(line.split(":", 1) for line in (stat.parent / "status").read_text().splitlines() if ":" in line)
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+        rss += int(status.get("VmRSS", "0 kB").split()[0]) * 1024
+        peak += int(status.get("VmHWM", "0 kB").split()[0]) * 1024
+    return rss, peak
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -49,6 +67,10 @@ class ServerProcess:
     def log_tail(self) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return text[-LOG_TAIL_CHARS:]
+
+    def memory(self) -> tuple[int, int]:
+        """(resident, peak resident) bytes of the server and its workers: see session_memory."""
+        return session_memory(self.process.pid)
 
     def is_ready(self) -> bool:
         if self.process.poll() is not None:

@@ -6,9 +6,10 @@ from real files, so a shape is written out in full (config.json, generation_conf
 safetensors) rather than served with `--load-format dummy`. The tokenizer is the embedded model's:
 its vocabulary is smaller than the shape's, which the servers accept (the converter pads the rest
 with [PAD] tokens; for Gemma 3, whose converter drops embedding rows past the tokenizer's tokens,
-the shape's tokenizer lists unused special tokens up to the vocabulary size). The embedding rows past the tokenizer's last id are zero (the embeddings are
-tied), so those ids score 0 against the spread of the real tokens' scores and greedy decoding always
-picks a token the tokenizer can turn into text: a stream of undecodable ids has no content to time.
+the shape's tokenizer lists unused special tokens up to the vocabulary size). The embedding rows
+past the tokenizer's last id are zero (and an untied head's), so those ids score 0 against the
+spread of the real tokens' scores and greedy decoding always picks a token the tokenizer can turn
+into text: a stream of undecodable ids has no content to time.
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]
         generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
         weights[name] = torch.randn(size, generator=generator) * INIT_STD
     weights["model.embed_tokens.weight"][known_tokens:] = 0.0
+    if "lm_head.weight" in weights:  # an untied head scores the unknown ids 0 likewise
+        weights["lm_head.weight"][known_tokens:] = 0.0
     return weights
 
 
@@ -191,7 +194,7 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     source = Path(tokenizer_dir)
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
     padded = shape.model_type.startswith("gemma3")  # see pad_tokenizer
-    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": padded})
+    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": padded, "zero_rows": "embedding and head"})
     directory = root / shape.name
     if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
         return directory

@@ -88,8 +88,9 @@ def gguf_path(directory: Path, model_dir: Path, kind: str) -> Path:
     return directory / "gguf" / f"{model_dir.name}-{model_key(model_dir)}-{kind}.gguf"
 
 
-def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None) -> Path:
-    """The model as GGUF at `dtype`, quantized to `quant` from there when given; made once."""
+def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None, pure: bool = False) -> Path:
+    """The model as GGUF at `dtype`, quantized to `quant` from there when given (`pure`: every
+    matrix, the output one too, which llama-quantize otherwise keeps at Q6_K); made once."""
     outtype = OUTTYPES[dtype]
     converted = gguf_path(directory, model_dir, outtype)
     if not converted.exists():
@@ -101,19 +102,22 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None)
         partial.rename(converted)  # only a whole file counts as cached
     if quant is None:
         return converted
-    quantized = gguf_path(directory, model_dir, f"{outtype}-{quant}")
+    quantized = gguf_path(directory, model_dir, f"{outtype}-{quant}{'-pure' if pure else ''}")
     if not quantized.exists():
         partial = quantized.with_suffix(".partial")
         step(NAME, f"quantizing to {quant}",
-             [str(binary(directory, "llama-quantize")), str(converted), str(partial), quant])
+             [str(binary(directory, "llama-quantize")), *(["--pure"] if pure else []), str(converted), str(partial),
+              quant])
         partial.rename(quantized)
     return quantized
 
 
 def repeated_layer_gguf(directory: Path, shape: Shape, dtype: str, quant: str | None) -> Path:
     """The GGUF of a shape written as one layer (Shape.one_layer): that layer written, converted
-    (and quantized), then repeated for every layer of the shape; made once."""
-    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant)
+    (and quantized), then repeated for every layer of the shape; made once. Quantized `pure`: a
+    Q6_K head would be dequantized and requantized by tailrace, a transient of several GB at the
+    end of a load that already fills most of a 24 GB machine."""
+    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant, pure=quant is not None)
     target = layer.with_name(f"{shape.name}-{layer.stem.removeprefix(layer_of(shape).name + '-')}.gguf")
     if not target.exists():
         partial = target.with_suffix(".partial")
