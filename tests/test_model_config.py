@@ -64,6 +64,13 @@ def test_gpt_oss_experts_sinks_and_biases():
     assert config.attention_sinks and config.attention_out_bias and config.moe_bias and config.router_topk_first
 
 
+def test_gpt_oss_without_layer_types_alternates_windows_from_the_first_layer():
+    """transformers' GptOssConfig default, as llama.cpp's gpt-oss hard-codes it."""
+    config = parse(architectures=["GptOssForCausalLM"], num_local_experts=4, num_experts_per_tok=2, sliding_window=128,
+                   num_hidden_layers=4)
+    assert config.layer_windows == [128, None, 128, None]
+
+
 def test_a_moe_picking_more_experts_than_it_has_is_refused():
     with pytest.raises(ValueError, match="num_experts_per_tok 9"):
         parse(architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=9, moe_intermediate_size=16)

@@ -346,7 +346,7 @@ def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:
         types = list(raw["layer_types"])
         if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"layer_types must name full_attention or sliding_attention for each of {layers} layers")
-    elif architecture == "Gemma2ForCausalLM":
+    elif architecture in ("Gemma2ForCausalLM", _GPT_OSS):
         types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     elif architecture == "Gemma3ForCausalLM":
         pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
