@@ -17,6 +17,7 @@ from tailrace.model.llama import Linear
 from tailrace.model.loader import load_model
 
 OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel
+needs_kernel = pytest.mark.skipif(not int_linear.available(), reason="MXFP4 runs on tailrace's kernel only")
 # bfloat16 keeps 8 significant bits: activations, scales and outputs each round by up to 2^-9.
 BF16_RTOL = 1e-2
 
@@ -36,7 +37,7 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).norm() / expected.norm())
 
 
-@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0])
+@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, pytest.param(Q.MXFP4, marks=needs_kernel)])
 def test_layer_matches_linear_over_gguf_dequantized_weight(tensor_type: Q) -> None:
     raw = _raw(tensor_type)
     weight = torch.from_numpy(dequantize(raw, tensor_type))
@@ -45,7 +46,7 @@ def test_layer_matches_linear_over_gguf_dequantized_weight(tensor_type: Q) -> No
     assert _relative_error(layer(x), F.linear(x, weight)) < BF16_RTOL
 
 
-@pytest.mark.parametrize("tensor_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("tensor_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.MXFP4])
 def test_codes_dequantize_bit_exactly_to_gguf(tensor_type: Q) -> None:
     raw = _raw(tensor_type)
     expected = torch.from_numpy(dequantize(raw, tensor_type)).reshape(OUT, IN)
@@ -65,6 +66,18 @@ def test_q8_0_codes_at_int8_extremes_decode_exactly() -> None:
     raw[:, 2:] = np.array([-128, 127, 0, -1] * 8, dtype=np.int8).view(np.uint8)
     expected = torch.from_numpy(dequantize(raw, Q.Q8_0)).reshape(OUT, IN)
     assert torch.equal(decode_blocks(Q.Q8_0, raw, (OUT, IN)).dequantize(), expected)
+
+
+@needs_kernel
+def test_mxfp4_scales_past_float16_are_refused_and_below_it_give_zeros() -> None:
+    raw = _raw(Q.MXFP4).reshape(-1, 17).copy()
+    raw[0, 0] = 103  # 2^-25: below float16's subnormals
+    weight = decode_blocks(Q.MXFP4, raw, (OUT, IN))
+    assert weight.e2m1 and weight.zeros is None
+    assert quantized_linear(Q.MXFP4, raw, (OUT, IN)).scales.view(-1)[0] == 0
+    raw[1, 0] = 144  # 2^16
+    with pytest.raises(ValueError, match="past float16's range"):
+        decode_blocks(Q.MXFP4, raw, (OUT, IN))
 
 
 def test_unpermuting_raw_rows_undoes_llama_cpp_rotary_permute() -> None:
@@ -89,7 +102,7 @@ def test_reader_tensor_decodes_as_written(tmp_path) -> None:
     tensor = _read_back(str(tmp_path / "w.gguf"), {"w": (Q.Q4_1, raw)})["w"]
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     read, written = (decode_blocks(Q.Q4_1, data, shape) for data in (tensor.data, raw))
-    assert all(torch.equal(a, b) for a, b in zip(vars(read).values(), vars(written).values()))
+    assert all(torch.equal(getattr(read, field), getattr(written, field)) for field in ("codes", "scales", "zeros"))
 
 
 def test_parts_of_different_types_stay_unstacked(tmp_path) -> None:
@@ -105,6 +118,12 @@ def test_type_without_block_mapping_returns_none() -> None:
 def test_rows_not_in_tiles_of_16_return_none_without_tailraces_kernel(monkeypatch) -> None:
     monkeypatch.setattr(int_linear, "available", lambda: False)
     assert quantized_linear(Q.Q4_0, _raw(Q.Q4_0, (40, IN)), (40, IN)) is None
+
+
+def test_mxfp4_returns_none_without_tailraces_kernel(monkeypatch) -> None:
+    """PyTorch's 4-bit kernel counts its codes up from zero; E2M1's index a table."""
+    monkeypatch.setattr(int_linear, "available", lambda: False)
+    assert quantized_linear(Q.MXFP4, _raw(Q.MXFP4), (OUT, IN)) is None
 
 
 @pytest.fixture(scope="module", params=[Q.Q4_0, Q.Q8_0], ids=["Q4_0", "Q8_0"])
@@ -184,3 +203,25 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
     for name in ("gate_up_proj", "down_proj"):
         x = torch.randn(3, getattr(float_expert, name).weight.shape[1]).to(torch.bfloat16).float()
         assert _relative_error(getattr(expert, name)(x), getattr(float_expert, name)(x)) < BF16_RTOL, name
+
+
+@needs_kernel
+def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, converter) -> None:
+    """llama.cpp's converter repacks gpt-oss's MXFP4 experts into ggml's MXFP4 blocks; each
+    expert's projections are then E2M1 codes on tailrace's kernel (never float weights), with
+    their biases, and agree with the dequantizing loader's."""
+    from e2e.test_architectures import save_checkpoint
+
+    save_checkpoint(tmp_path / "gpt-oss", "gpt_oss")
+    path = tmp_path / "gpt-oss-q8_0.gguf"
+    subprocess.run(convert_command(converter, tmp_path / "gpt-oss", "q8_0", path), check=True, capture_output=True)
+    reader = GGUFReader(str(path))
+    assert {t.tensor_type for t in reader.tensors if "_exps.weight" in t.name} == {Q.MXFP4}
+    model, _ = load_model(str(path), dtype="bfloat16", quantization="int4")
+    floats, _ = load_model(str(path), dtype="bfloat16")
+    expert, float_expert = model.model.layers[1].mlp.experts[2], floats.model.layers[1].mlp.experts[2]
+    for name in ("gate_up_proj", "down_proj"):
+        layer = getattr(expert, name)
+        assert layer.codes.dtype == torch.float4_e2m1fn_x2 and layer.bias is not None, name
+        x = torch.randn(3, getattr(float_expert, name).weight.shape[1]).to(torch.bfloat16)
+        assert _relative_error(layer(x).float(), getattr(float_expert, name)(x).float()) < BF16_RTOL, name

@@ -1,6 +1,6 @@
-"""int8 and int4 projections through tailrace's kernel: the packed layouts, the arithmetic against a
-float64 reference over the same activation codes (int16 against int8 weights, int8 against int4),
-and the batch invariance the engine's exactness rests on."""
+"""int8, int4 and E2M1 (MXFP4) projections through tailrace's kernel: the packed layouts, the
+arithmetic against a float64 reference over the same activation codes (int16 against int8 weights,
+int8 against 4-bit ones), and the batch invariance the engine's exactness rests on."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tailrace.model import int_linear
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.int_linear import BLOCK, IntLinear, pack_codes, pack_scales
 from tailrace.model.loader import load_model
+from tailrace.model.quant import E2M1_DOUBLED
 
 from conftest import EMBEDDED
 from test_quant import _prefill_logits
@@ -63,28 +64,37 @@ def _activation_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (codes * (largest / top)).view(x.shape).double()
 
 
-def _random_weight(bits: int, grouped: bool, zeros: bool, out_features: int, in_features: int, seed: int):
+def _random_weight(bits: int, grouped: bool, zeros: bool, out_features: int, in_features: int, seed: int,
+                   e2m1: bool = False):
+    """Codes, scales and zeros; E2M1 codes take scales that are powers of two, as MXFP4's are."""
     g = torch.Generator().manual_seed(seed)
     if bits == 8:
         codes = torch.randint(-128, 128, (out_features, in_features), generator=g, dtype=torch.int8)
     else:
         codes = torch.randint(0, 16, (out_features, in_features), generator=g, dtype=torch.uint8)
     groups = in_features // BLOCK if grouped else 1
-    scales = (torch.rand(out_features, groups, generator=g) * 0.01 + 1e-3).half().float()
+    if e2m1:
+        scales = torch.exp2(torch.randint(-12, -5, (out_features, groups), generator=g).float())
+    else:
+        scales = (torch.rand(out_features, groups, generator=g) * 0.01 + 1e-3).half().float()
     zero = (torch.randn(out_features, groups, generator=g) * 0.01).half().float() if zeros else None
     return codes, scales, zero
 
 
-def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> torch.Tensor:
+def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+               e2m1: bool = False) -> torch.Tensor:
     out_features, in_features = codes.shape
-    w = codes.double().view(out_features, scales.shape[1], -1) * scales.double()[..., None]
+    values = E2M1_DOUBLED[codes.long()].double() if e2m1 else codes.double()
+    w = values.view(out_features, scales.shape[1], -1) * scales.double()[..., None]
     if zeros is not None:
         w = w + zeros.double()[..., None]
     bits = 8 if codes.dtype == torch.int8 else 4
     return _activation_codes(x, bits) @ w.view(out_features, in_features).t()
 
 
-forms = st.sampled_from([(8, False, False), (8, True, False), (4, True, True), (4, True, False)])
+# (bits, grouped scales, zero points, E2M1 codes)
+forms = st.sampled_from([(8, False, False, False), (8, True, False, False), (4, True, True, False),
+                         (4, True, False, False), (4, True, False, True)])
 
 
 @needs_kernel
@@ -92,13 +102,13 @@ forms = st.sampled_from([(8, False, False), (8, True, False), (4, True, True), (
 @given(form=forms, rows=st.integers(1, 11), out_features=st.integers(1, 150), blocks=st.integers(1, 40),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
 def test_kernel_multiplies_by_codes_times_scales(form, rows, out_features, blocks, dtype, seed):
-    bits, grouped, zeros = form
-    codes, scales, zero = _random_weight(bits, grouped, zeros, out_features, blocks * BLOCK, seed)
+    bits, grouped, zeros, e2m1 = form
+    codes, scales, zero = _random_weight(bits, grouped, zeros, out_features, blocks * BLOCK, seed, e2m1)
     bias = torch.randn(out_features, generator=torch.Generator().manual_seed(seed))
     x = torch.randn(rows, blocks * BLOCK, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
-    actual = IntLinear(codes, scales, zero, bias)(x)
+    actual = IntLinear(codes, scales, zero, bias, e2m1=e2m1)(x)
     assert actual.dtype == dtype and actual.shape == (rows, out_features)
-    expected = _reference(x, codes, scales, zero) + bias.double()
+    expected = _reference(x, codes, scales, zero, e2m1) + bias.double()
     # float32 sums of a block each; bfloat16 adds the output's rounding
     tolerance = 1e-5 if dtype == torch.float32 else 2**-8
     assert (actual.double() - expected).abs().max() <= tolerance * expected.abs().max()
@@ -110,8 +120,9 @@ def test_kernel_multiplies_by_codes_times_scales(form, rows, out_features, block
        threads=st.sampled_from([1, 2, 3]))
 def test_a_rows_bits_do_not_depend_on_its_batch(form, rows, out_features, seed, threads):
     # a lone row takes other tiles than a batch (int_linear.cpp's run)
-    codes, scales, zero = _random_weight(*form, out_features, 6 * BLOCK, seed)
-    layer = IntLinear(codes, scales, zero, None)
+    bits, grouped, zeros, e2m1 = form
+    codes, scales, zero = _random_weight(bits, grouped, zeros, out_features, 6 * BLOCK, seed, e2m1)
+    layer = IntLinear(codes, scales, zero, None, e2m1=e2m1)
     x = torch.randn(rows, 6 * BLOCK, generator=torch.Generator().manual_seed(seed)).bfloat16()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -121,6 +132,29 @@ def test_a_rows_bits_do_not_depend_on_its_batch(form, rows, out_features, seed, 
         torch.set_num_threads(before)
     for row in {0, rows // 2, rows - 1}:
         assert torch.equal(layer(x[row:row + 1])[0], batch[row])
+
+
+@needs_kernel
+@pytest.mark.parametrize("code", [7, 15])  # E2M1's +6 and -6: bytes 24 and 0 in the kernel
+@pytest.mark.parametrize("rows", [1, 5])
+def test_e2m1_codes_at_their_extremes_sum_exactly(code, rows):
+    """The largest products the kernel takes, 24 x 127 each over whole blocks: AVX2's int16 pairs
+    would wrap if they held a block's 16 of them (int4_block_sums)."""
+    codes = torch.full((16, 4 * BLOCK), code, dtype=torch.uint8)
+    scales = torch.full((16, 4), 2.0**-4)
+    x = torch.ones(rows, 4 * BLOCK)
+    x[:, 1::3] = -1.0
+    x[-1, :BLOCK] = 1.0  # a block all at the largest activation code
+    expected = _reference(x, codes, scales, None, e2m1=True)
+    actual = IntLinear(codes, scales, None, None, e2m1=True)(x).double()
+    assert (actual - expected).abs().max() <= 1e-6 * expected.abs().max()  # a wrapped sum is off by 2^16 x 127
+
+
+@needs_kernel
+def test_e2m1_codes_without_grouped_scales_are_refused():
+    codes, scales, zero = _random_weight(4, True, True, 16, 2 * BLOCK, 0)
+    with pytest.raises(RuntimeError, match="E2M1 codes take grouped scales and no zero points"):
+        IntLinear(codes, scales, zero, None, e2m1=True)(torch.randn(1, 2 * BLOCK))
 
 
 @needs_kernel

@@ -8,7 +8,8 @@ import transformers
 from safetensors.torch import save_file
 
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model import loader
+from tailrace.model import int_linear, loader
+from tailrace.model.int_linear import IntLinear
 from tailrace.model.loader import load_model, resolve_dtype
 from tailrace.model.quant import quantize_model
 
@@ -146,3 +147,25 @@ def test_unknown_dtype_is_rejected(single):
 def test_unknown_load_format_is_rejected(single):
     with pytest.raises(ValueError, match="'pt'"):
         load_model(str(single), load_format="pt")
+
+
+@pytest.mark.skipif(not int_linear.available(), reason="E2M1 codes run on tailrace's kernel only")
+def test_quantized_gpt_oss_takes_its_mxfp4_experts_as_they_are(tmp_path):
+    """Each expert's projections are the checkpoint's E2M1 codes (gate rows first), never float
+    weights requantized, with their biases; everything else is quantized as usual."""
+    from e2e.test_architectures import save_checkpoint
+
+    save_checkpoint(tmp_path, "gpt_oss")
+    model, _ = load_model(str(tmp_path), dtype="bfloat16", quantization="int4")
+    floats, _ = load_model(str(tmp_path), dtype="bfloat16")
+    for layer, float_layer in zip(model.model.layers, floats.model.layers):
+        for expert, float_expert in zip(layer.mlp.experts, float_layer.mlp.experts):
+            for name in ("gate_up_proj", "down_proj"):
+                projection, reference = getattr(expert, name), getattr(float_expert, name)
+                assert projection.codes.dtype == torch.float4_e2m1fn_x2, name
+                assert torch.equal(projection.bias, reference.bias.float())
+                x = torch.randn(2, reference.weight.shape[1]).bfloat16()
+                expected = torch.nn.functional.linear(x.float(), reference.weight.float(), reference.bias.float())
+                # the activations' int8 codes and the bfloat16 output round: well within a percent
+                assert (projection(x).float() - expected).norm() <= 1e-2 * expected.norm(), name
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj, IntLinear)

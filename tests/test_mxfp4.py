@@ -1,4 +1,4 @@
-"""MXFP4 dequantization (model/mxfp4.py), and the quantizer the tests write checkpoints with."""
+"""MXFP4 dequantization and E2M1 codes (model/mxfp4.py), and the quantizer the tests write checkpoints with."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 from mxfp4_writer import quantize_mxfp4
 
-from tailrace.model.mxfp4 import FP4_VALUES, dequantize_mxfp4
+from tailrace.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, e2m1_codes, e2m1_scales
+from tailrace.model.quant import IntWeight
 
 
 def test_each_byte_holds_two_values_the_first_in_its_low_nibble_over_the_blocks_power_of_two():
@@ -42,3 +43,19 @@ def test_mismatched_blocks_and_scales_are_refused():
         dequantize_mxfp4(torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
         dequantize_mxfp4(torch.zeros(2, 16), torch.zeros(2, dtype=torch.uint8))
+
+
+def test_e2m1_codes_times_their_halved_scales_are_the_dequantized_values():
+    weights = torch.randn(3, 4, 64) * 0.02
+    blocks, scales = quantize_mxfp4(weights)
+    codes, halves = e2m1_codes(blocks, scales)
+    assert codes.shape == (3, 4, 64) and codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    for expert in range(3):
+        weight = IntWeight(codes[expert], halves[expert], None, e2m1=True)
+        assert torch.equal(weight.dequantize(), dequantize_mxfp4(blocks, scales)[expert])
+
+
+def test_a_scale_past_float16_is_refused_for_the_kernel():
+    assert e2m1_scales(torch.tensor([143], dtype=torch.uint8)).item() == 2.0**15
+    with pytest.raises(ValueError, match="past float16's range"):
+        e2m1_scales(torch.tensor([127, 144], dtype=torch.uint8))

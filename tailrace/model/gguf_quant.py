@@ -8,6 +8,8 @@ as they are; only the per-group scale and zero are computed, from the block's fp
 - Q4_0: w = (q - 8) * d, q in 0..15     -> scale d,      zero -8 d
 - Q4_1: w = q * d + m                   -> scale d,      zero m
 - Q4_K: w = d * sc * q - dmin * mn      -> scale d * sc, zero -dmin mn (per sub-block of 32)
+- MXFP4: w = E2M1(q) * 2^(e - 127)       -> codes q as E2M1 codes (IntWeight.e2m1), scale 2^(e - 128)
+  (the codes' values doubled are whole numbers); tailrace's kernel only, PyTorch's have no table
 
 tailrace's kernel (model/int_linear.py) keeps scales and zeros in float16, so Q8_0, Q4_0 and Q4_1
 reach it exactly and Q4_K's products round to float16 (11 significant bits, far inside the 4-bit
@@ -25,12 +27,13 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
-from tailrace.model import gguf
+from tailrace.model import gguf, int_linear
 from tailrace.model.huge_pages import release_freed
 from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
+from tailrace.model.mxfp4 import e2m1_scales
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
-MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
+MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.MXFP4)
 _K_SCALE_BYTES = 12  # Q4_K's 6-bit scales and mins of its 8 sub-blocks
 # A layer's projection -> the GGUF tensors whose rows it stacks, in order.
 _PROJECTION_PARTS = {
@@ -99,7 +102,12 @@ def _mapped(parts: tuple[ReaderTensor, ...]) -> bool:
     """Whether the parts share one mapped type: rows are independent in every block format, so
     stacking raw rows is exact. A Q4_K_M file's Q6_K attn_v, for one, leaves its fused qkv_proj
     in float."""
-    return len({part.tensor_type for part in parts}) == 1 and parts[0].tensor_type in MAPPED_TYPES
+    return len({part.tensor_type for part in parts}) == 1 and _mapped_type(parts[0].tensor_type)
+
+
+def _mapped_type(tensor_type: Q) -> bool:
+    """A type with a block-for-block mapping here: MXFP4's E2M1 codes only where tailrace's kernel runs."""
+    return tensor_type in MAPPED_TYPES and (tensor_type != Q.MXFP4 or int_linear.available())
 
 
 def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
@@ -158,7 +166,7 @@ def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],
                      bias: torch.Tensor | None = None) -> nn.Module | None:
     """The projection for a GGUF weight of `shape` (out, in) from its raw bytes; None when its type
     has no block-for-block mapping or no kernel takes its shape (load it as float)."""
-    if tensor_type not in MAPPED_TYPES:
+    if not _mapped_type(tensor_type):
         return None
     return linear_for(decode_blocks(tensor_type, raw, shape), bias)
 
@@ -169,7 +177,7 @@ def decode_blocks(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int]) -> In
     out_features, in_features = shape
     groups = (out_features, in_features // INT4_GROUP_SIZE)
     return IntWeight(torch.from_numpy(q).reshape(shape), torch.from_numpy(scales).reshape(groups),
-                     None if zeros is None else torch.from_numpy(zeros).reshape(groups))
+                     None if zeros is None else torch.from_numpy(zeros).reshape(groups), e2m1=tensor_type == Q.MXFP4)
 
 
 def decode_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
@@ -191,6 +199,11 @@ def decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     d, dmin = _fp16(blocks, 0)[:, None], _fp16(blocks, 2)[:, None]
     sc, mn = _q4_k_scales_and_mins(blocks[:, 4:4 + _K_SCALE_BYTES])
     return _nibbles(blocks[:, 4 + _K_SCALE_BYTES:], 32), d * sc, -dmin * mn
+
+
+def decode_mxfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """ggml's block_mxfp4: an E8M0 exponent, then 16 bytes of E2M1 codes (as Q4_0's nibbles)."""
+    return _nibbles(blocks[:, 1:], 16), e2m1_scales(torch.from_numpy(blocks[:, 0].copy())).numpy(), None
 
 
 def _q4_k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,4 +241,5 @@ def unpermute_rotary_rows(raw: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(rows.shape)
 
 
-_DECODERS = {Q.Q8_0: decode_q8_0, Q.Q4_0: decode_q4_0, Q.Q4_1: decode_q4_1, Q.Q4_K: decode_q4_k}
+_DECODERS = {Q.Q8_0: decode_q8_0, Q.Q4_0: decode_q4_0, Q.Q4_1: decode_q4_1, Q.Q4_K: decode_q4_k,
+              Q.MXFP4: decode_mxfp4}

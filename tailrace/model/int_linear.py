@@ -2,7 +2,7 @@
 or AVX2.
 
 A weight arrives as integer codes with scales (and zero points) per output row or per block of 32
-inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as
+inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / MXFP4 blocks as
 they are (model/quant.py and model/gguf_quant.py make them). The codes are packed once here, in
 the kernel's order, and are all the model holds of the weight: 1 byte a weight for int8, half a
 byte for int4, plus a float16 scale (and zero) per 32.
@@ -62,11 +62,13 @@ class IntLinear(Module):
     """y = x @ w.T + bias with w = codes * scales (+ zeros), the scales per row or per 32 inputs."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 bias: torch.Tensor | None) -> None:
-        """codes [out, in]: int8, or uint8 in 0..15 for 4 bits; scales and zeros [out, 1 or in / 32]."""
+                 bias: torch.Tensor | None, e2m1: bool = False) -> None:
+        """codes [out, in]: int8, or uint8 in 0..15 for 4 bits (with `e2m1`, the index of an E2M1
+        value, held as float4_e2m1fn_x2 pairs: the kernel's mark); scales and zeros [out, 1 or in / 32]."""
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", pack_codes(codes))
+        packed = pack_codes(codes)
+        self.register_buffer("codes", packed.view(torch.float4_e2m1fn_x2) if e2m1 else packed)
         self.register_buffer("scales", pack_scales(scales))
         self.register_buffer("zeros", None if zeros is None else pack_scales(zeros))
         self.register_buffer("bias", None if bias is None else bias.detach().float())

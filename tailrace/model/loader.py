@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from tailrace.model import bf16_linear, gguf
+from tailrace.model import bf16_linear, gguf, int_linear
 from tailrace.model.config import ModelConfig, limit_context, load_model_config
 from tailrace.model.gguf_quant import block_projections, use_gguf_blocks
 from tailrace.model.huge_pages import release_freed
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
-from tailrace.model.mxfp4 import dequantize_mxfp4
-from tailrace.model.quant import check_quantization, quantize_linear, quantize_model
+from tailrace.model.mxfp4 import dequantize_mxfp4, e2m1_codes
+from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
 from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,10 +73,17 @@ def load_model(
             # converter adds it, as this does).
             offset = config.norm_weight_offset
             if shard is None:
-                tensors = safetensors_tensors(checkpoint_files(path))
+                files = checkpoint_files(path)
+                tensors = safetensors_tensors(files)
+                # MXFP4 experts as they are, on the integer kernel, where the projections are quantized
+                mxfp4: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
                 if config.architecture == "GptOssForCausalLM":
-                    tensors = gpt_oss_tensors(tensors)
-                load_tensors(model, tensors, offset)
+                    mxfp4 = {} if quantization is not None and int_linear.available() else None
+                    tensors = gpt_oss_tensors(tensors, mxfp4)
+                supplied = _mxfp4_expert_weights(model, files) if mxfp4 is not None else set()
+                load_tensors(model, tensors, offset, supplied)
+                if mxfp4:
+                    use_mxfp4_experts(model, mxfp4)
             else:
                 # named as the model names them before their parts are taken (Gemma 3's image-text ones)
                 lazy = safetensors_tensors(checkpoint_files(path), lazy=True)
@@ -179,11 +186,14 @@ def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]],
+                    mxfp4: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """gpt-oss's checkpoint in transformers 5's layout (load_tensors splits it by expert): the
     router as mlp.gate; the experts stacked [experts, in, out] with gate and up interleaved
     (gate_up_proj[..., ::2] the gates), turned [experts, out, in] with the gates first; or the same
-    as MXFP4 blocks and scales ([experts, out, ...]), dequantized when both have come."""
+    as MXFP4 blocks and scales ([experts, out, ...]), dequantized when both have come, or where
+    `mxfp4` is given put there as they are (by their stacked weight's name, for use_mxfp4_experts)."""
     pending: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         name = name.replace(".mlp.router.", ".mlp.gate.")
@@ -196,7 +206,11 @@ def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
             stem = name.rsplit("_", 1)[0]
             if f"{stem}_blocks" not in pending or f"{stem}_scales" not in pending:
                 continue
-            weight = dequantize_mxfp4(pending.pop(f"{stem}_blocks"), pending.pop(f"{stem}_scales"))
+            blocks, scales = pending.pop(f"{stem}_blocks"), pending.pop(f"{stem}_scales")
+            if mxfp4 is not None:
+                mxfp4[stem] = blocks, scales
+                continue
+            weight = dequantize_mxfp4(blocks, scales)
             part = part.rsplit("_", 1)[0]
         elif part in ("gate_up_proj", "down_proj"):
             weight = tensor.transpose(1, 2)
@@ -207,6 +221,33 @@ def gpt_oss_tensors(tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
         yield f"{layer}.mlp.experts.{part}", weight
     if pending:
         raise ValueError(f"MXFP4 tensors without their blocks or scales: {', '.join(sorted(pending))}")
+
+
+def _mxfp4_expert_weights(model: LlamaForCausalLM, files: list[str]) -> set[str]:
+    """Every expert weight whose stacked tensor the checkpoint holds as MXFP4 blocks (read from
+    the files' headers): what use_mxfp4_experts builds, so load_tensors neither reads nor misses it."""
+    stems = set()
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            stems |= {name.removesuffix("_blocks") for name in f.keys() if name.endswith("_blocks")}
+    return {f"{layer}.mlp.experts.{expert}.{part}.weight" for layer, _, part in
+            (stem.rpartition(".mlp.experts.") for stem in stems) for expert in range(model.config.num_experts)}
+
+
+def use_mxfp4_experts(model: LlamaForCausalLM, mxfp4: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Each expert's projection from its rows of the stacked MXFP4 blocks (gate_up's rows
+    interleaved gate, up, gate, ..., put gates first as the model holds them), E2M1 codes on
+    tailrace's kernel with the bias loaded; their float weights were never written."""
+    for stem, (blocks, scales) in mxfp4.items():
+        layer, _, part = stem.rpartition(".mlp.experts.")
+        codes, halves = e2m1_codes(blocks, scales)
+        if part == "gate_up_proj":
+            codes, halves = (torch.cat((t[:, 0::2], t[:, 1::2]), dim=1) for t in (codes, halves))
+        for index, expert in enumerate(model.get_submodule(f"{layer}.mlp.experts")):
+            current = getattr(expert, part)
+            bias = None if current.bias is None else current.bias.detach()
+            setattr(expert, part, linear_for(IntWeight(codes[index], halves[index], None, e2m1=True), bias))
+        release_freed()  # the layer's decoding temporaries
 
 
 def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]],

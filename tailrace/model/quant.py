@@ -27,20 +27,25 @@ from torch import nn
 
 from tailrace.model import int_linear
 from tailrace.model.llama import LlamaForCausalLM, Module, replace_projections
+from tailrace.model.mxfp4 import FP4_VALUES
 
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZE = 32  # GGUF's block size, so its blocks map one to one
+# The 16 E2M1 codes' values doubled: whole numbers, which integer kernels multiply exactly.
+E2M1_DOUBLED = torch.tensor(FP4_VALUES) * 2
 _INT4_OUT_TILE = 16
 _ACT_DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
 class IntWeight:
-    """w = codes * scales + zeros, scales and zeros repeated over each group of inputs."""
+    """w = codes * scales + zeros, scales and zeros repeated over each group of inputs; with `e2m1`,
+    w = E2M1_DOUBLED[codes] * scales (MXFP4's blocks: scales half their power of two, no zeros)."""
 
     codes: torch.Tensor  # [out, in]: int8, or uint8 in 0..15 (4 bits)
     scales: torch.Tensor  # [out, groups] float32: groups 1 (per row) or in / INT4_GROUP_SIZE
     zeros: torch.Tensor | None  # like scales, or None for none
+    e2m1: bool = False
 
     @property
     def bits(self) -> int:
@@ -48,7 +53,8 @@ class IntWeight:
 
     def dequantize(self) -> torch.Tensor:
         out_features, in_features = self.codes.shape
-        groups = self.codes.float().view(out_features, self.scales.shape[1], -1) * self.scales[..., None]
+        values = E2M1_DOUBLED[self.codes.long()] if self.e2m1 else self.codes.float()
+        groups = values.view(out_features, self.scales.shape[1], -1) * self.scales[..., None]
         if self.zeros is not None:
             groups = groups + self.zeros[..., None]
         return groups.view(out_features, in_features)
@@ -147,10 +153,13 @@ def takes_grouped(out_features: int, in_features: int) -> bool:
 
 
 def linear_for(weight: IntWeight, bias: torch.Tensor | None) -> nn.Module | None:
-    """The module multiplying by `weight` here, or None where no kernel takes its shape."""
+    """The module multiplying by `weight` here, or None where no kernel takes its shape (or, for
+    E2M1 codes, where tailrace's kernel cannot run: PyTorch's count their codes up from zero)."""
     out_features, in_features = weight.codes.shape
     if int_linear.available() and int_linear.takes(in_features):
-        return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias)
+        return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias, e2m1=weight.e2m1)
+    if weight.e2m1:
+        return None
     if weight.bits == 8 and weight.scales.shape[1] == 1:
         return Int8Linear(weight, bias)
     if not int4_packable(out_features, in_features):

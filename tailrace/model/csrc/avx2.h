@@ -194,7 +194,12 @@ inline I32x16 mask_mov_epi32(I32x16 src, __mmask16 m, I32x16 a) {
 TAILRACE_LANEWISE_SI(and_si512, _mm256_and_si256)
 TAILRACE_LANEWISE_SI(or_si512, _mm256_or_si256)
 TAILRACE_LANEWISE_SI(add_epi32, _mm256_add_epi32)
+TAILRACE_LANEWISE_SI(shuffle_epi8, _mm256_shuffle_epi8)  // both shuffle within 128-bit lanes
 #undef TAILRACE_LANEWISE_SI
+inline I32x16 broadcast_i32x4(__m128i a) {
+    const __m256i both = _mm256_broadcastsi128_si256(a);
+    return {both, both};
+}
 
 inline I32x16 slli_epi32(I32x16 a, int n) { return {_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)}; }
 inline I32x16 srli_epi32(I32x16 a, int n) { return {_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)}; }
@@ -394,6 +399,10 @@ inline void mask_storeu_epi16(void* p, __mmask16 m, __m256i a) {
 #define _mm512_or_si512 ::tailrace::avx2::or_si512
 #undef _mm512_add_epi32
 #define _mm512_add_epi32 ::tailrace::avx2::add_epi32
+#undef _mm512_shuffle_epi8
+#define _mm512_shuffle_epi8 ::tailrace::avx2::shuffle_epi8
+#undef _mm512_broadcast_i32x4
+#define _mm512_broadcast_i32x4 ::tailrace::avx2::broadcast_i32x4
 #undef _mm512_slli_epi32
 #define _mm512_slli_epi32 ::tailrace::avx2::slli_epi32
 #undef _mm512_srli_epi32

@@ -1,6 +1,6 @@
 // y = x @ W.T (+ bias) for weights held as integer codes with float16 scales, on CPUs with
-// AVX512-VNNI: tailrace's int8 and int4 projections, and GGUF's Q8_0, Q4_0, Q4_1 and Q4_K blocks
-// taken as they are.
+// AVX512-VNNI: tailrace's int8 and int4 projections, and GGUF's Q8_0, Q4_0, Q4_1, Q4_K and MXFP4
+// blocks taken as they are.
 //
 // A weight is w = c * d + z, c an int8 code (or a 4-bit one in 0..15), d and z float16, either one
 // d per output row (int8 per channel, z = 0) or one (d, z) per output and block of 32 inputs (the
@@ -59,7 +59,16 @@ constexpr int64_t kOneRowVectors = 4;
 #endif
 constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles: the codes stay in L2
 
-enum class Scales { PerRow, Grouped, GroupedWithZero };
+// E2M1: MXFP4's blocks (gpt-oss's experts), grouped scales whose 4-bit codes index the E2M1 values
+// (see kE2M1Codes) rather than count up from zero, the zero point implied by the scale.
+enum class Scales { PerRow, Grouped, GroupedWithZero, E2M1 };
+
+// An E2M1 code's value times 2 (a whole number, -12..12), plus 12: the unsigned bytes the 4-bit
+// kernels multiply, at most 24, so that a weight is (byte - 12) * d with d half the block's E8M0
+// power of two, a zero point of -12 d. The products stay exact: 24 x 127 per product, and on AVX2
+// int4_block_sums widens its int16 pairs twice a block rather than once.
+alignas(16) constexpr uint8_t kE2M1Codes[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+constexpr float kE2M1Offset = 12.0f;
 
 // The activations' codes: int16 against int8 weights, int8 against int4 ones (vpdpbusd multiplies
 // unsigned bytes, the 4-bit codes, by signed ones).
@@ -80,6 +89,7 @@ struct Problem {
     const at::Half* z;     // [NV][G][16] or nullptr
     const float* bias;     // [N] or nullptr
     int64_t M, K, N, KB, NV, G;
+    bool e2m1;             // 4-bit codes of E2M1 values (Scales::E2M1)
 };
 
 template <typename C, typename T>
@@ -123,13 +133,14 @@ inline int64_t vector_bytes(const Problem& p) {
 
 // A code load: 32 bytes of int8 codes (16 lanes x a pair of inputs), widened to int16; or 64 bytes
 // of int4 codes, 16 lanes x 8 inputs, lane l's 4 bytes holding inputs 0..3 in their low nibbles
-// and 4..7 in their high ones, out[0] and out[1] those nibbles as bytes.
+// and 4..7 in their high ones, out[0] and out[1] those nibbles as bytes (E2M1: the bytes they
+// stand for, kE2M1Codes).
 template <int Bits>
 constexpr int64_t kLoadBytes = Bits == 8 ? 32 : 64;
 template <int Bits>
 constexpr int64_t kLoadInputs = Bits == 8 ? 2 : 8;
 
-template <int Bits>
+template <int Bits, bool E2M1>
 inline void load_codes(const uint8_t* at, __m512i* out) {
     if constexpr (Bits == 8) {
         out[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
@@ -137,6 +148,11 @@ inline void load_codes(const uint8_t* at, __m512i* out) {
         const __m512i bytes = _mm512_loadu_si512(at), low = _mm512_set1_epi8(0x0F);
         out[0] = _mm512_and_si512(bytes, low);
         out[1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        if constexpr (E2M1) {
+            const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2M1Codes)));
+            out[0] = _mm512_shuffle_epi8(table, out[0]);
+            out[1] = _mm512_shuffle_epi8(table, out[1]);
+        }
     }
 }
 
@@ -183,55 +199,62 @@ inline void prefetch_codes(const uint8_t* at) {
 #ifndef __AVX512F__
 // AVX2's int4 block: vpdpbusd is three instructions here (maddubs, madd, add), so the products go
 // into int16 pairs over the whole block and widen to int32 once, with the same sums. Exact: a
-// pair's 16 products over the block are each at most 15 x 127, 30480 in all, within int16.
-template <bool OneRow, int MT, int NT>
+// pair's 16 products over the block are each at most 15 x 127, 30480 in all, within int16. E2M1's
+// bytes reach 24, so its pairs widen every half block (8 products, at most 24384).
+template <bool OneRow, bool E2M1, int MT, int NT>
 inline void int4_block_sums(const uint8_t* codes, int64_t stride, const int8_t* x, int64_t K,
                             __m512i (&isum)[MT][NT]) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256i pairs[MT][NT][2];
+    constexpr int64_t kSteps = kBlock / kLoadInputs<4>, kWiden = E2M1 ? kSteps / 2 : kSteps;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2M1Codes)));
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
-            pairs[i][j][0] = pairs[i][j][1] = _mm256_setzero_si256();
-    // Not unrolled: unrolled, GCC computed all of the block's products before adding any, and
-    // spilled them to the stack.
+            isum[i][j] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int64_t first = 0; first < kSteps; first += kWiden) {
+        __m256i pairs[MT][NT][2];
+        for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NT; ++j)
+                pairs[i][j][0] = pairs[i][j][1] = _mm256_setzero_si256();
+        // Not unrolled: unrolled, GCC computed all of the block's products before adding any, and
+        // spilled them to the stack.
 #pragma GCC unroll 1
-    for (int64_t step = 0; step < kBlock / kLoadInputs<4>; ++step)
-        for (int j = 0; j < NT; ++j) {
-            const uint8_t* at = codes + j * stride + step * kLoadBytes<4>;
-            prefetch_codes<OneRow>(at);
-            __m256i w[2][2];  // [lanes 0-7 or 8-15][inputs 0-3 or 4-7]
-            for (int h = 0; h < 2; ++h) {
-                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * h));
-                w[h][0] = _mm256_and_si256(bytes, low);
-                w[h][1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int64_t step = first; step < first + kWiden; ++step)
+            for (int j = 0; j < NT; ++j) {
+                const uint8_t* at = codes + j * stride + step * kLoadBytes<4>;
+                prefetch_codes<OneRow>(at);
+                __m256i w[2][2];  // [lanes 0-7 or 8-15][inputs 0-3 or 4-7]
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * h));
+                    w[h][0] = _mm256_and_si256(bytes, low);
+                    w[h][1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+                    if constexpr (E2M1) {
+                        w[h][0] = _mm256_shuffle_epi8(table, w[h][0]);
+                        w[h][1] = _mm256_shuffle_epi8(table, w[h][1]);
+                    }
+                }
+                for (int i = 0; i < MT; ++i) {
+                    const int8_t* row = x + i * K + step * kLoadInputs<4>;
+                    const __m256i a0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                    const __m256i a1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                    for (int h = 0; h < 2; ++h)
+                        pairs[i][j][h] = _mm256_add_epi16(
+                            pairs[i][j][h],
+                            _mm256_add_epi16(_mm256_maddubs_epi16(w[h][0], a0), _mm256_maddubs_epi16(w[h][1], a1)));
+                }
             }
-            for (int i = 0; i < MT; ++i) {
-                const int8_t* row = x + i * K + step * kLoadInputs<4>;
-                const __m256i a0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
-                const __m256i a1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
-                for (int h = 0; h < 2; ++h)
-                    pairs[i][j][h] = _mm256_add_epi16(pairs[i][j][h], _mm256_add_epi16(_mm256_maddubs_epi16(w[h][0], a0),
-                                                                                       _mm256_maddubs_epi16(w[h][1], a1)));
-            }
-        }
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int i = 0; i < MT; ++i)
-        for (int j = 0; j < NT; ++j)
-            isum[i][j] = {_mm256_madd_epi16(pairs[i][j][0], ones), _mm256_madd_epi16(pairs[i][j][1], ones)};
+        for (int i = 0; i < MT; ++i)
+            for (int j = 0; j < NT; ++j)
+                isum[i][j] = {_mm256_add_epi32(isum[i][j].lo, _mm256_madd_epi16(pairs[i][j][0], ones)),
+                              _mm256_add_epi32(isum[i][j].hi, _mm256_madd_epi16(pairs[i][j][1], ones))};
+    }
 }
 #endif
 
 // One block's integer sums of MT rows (their codes K apart) by NT vectors (their codes `stride`
 // apart): isum[i][j] lane l = the sum of weight code times row code over the block's 32 inputs.
-template <int Bits, bool OneRow, int MT, int NT>
-inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
-                       __m512i (&isum)[MT][NT]) {
-#ifndef __AVX512F__
-    if constexpr (Bits == 4) {
-        int4_block_sums<OneRow>(codes, stride, x, K, isum);
-        return;
-    }
-#endif
+template <int Bits, bool E2M1, bool OneRow, int MT, int NT>
+inline void dot_block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
+                           __m512i (&isum)[MT][NT]) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
@@ -240,13 +263,24 @@ inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCod
         __m512i wv[NT][2];
         for (int j = 0; j < NT; ++j) {
             const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
-            load_codes<Bits>(at, wv[j]);
+            load_codes<Bits, E2M1>(at, wv[j]);
             prefetch_codes<OneRow>(at);
         }
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
                 isum[i][j] = dot<Bits>(isum[i][j], wv[j], x + i * K + step * kLoadInputs<Bits>);
     }
+}
+
+template <int Bits, bool E2M1, bool OneRow, int MT, int NT>
+inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
+                       __m512i (&isum)[MT][NT]) {
+#ifndef __AVX512F__
+    if constexpr (Bits == 4)
+        int4_block_sums<OneRow, E2M1>(codes, stride, x, K, isum);
+    else
+#endif
+        dot_block_sums<Bits, E2M1, OneRow>(codes, stride, x, K, isum);
 }
 
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
@@ -268,7 +302,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             acc[i][j] = _mm512_loadu_ps(part + (i * V + j) * kLanes);
     for (int64_t b = b0; b < b1; ++b, codes += kSteps * kLoadBytes<Bits>, x += kBlock) {
         __m512i isum[MT][NT];
-        block_sums<Bits, kOneRow, MT, NT>(codes, stride, x, p.K, isum);
+        block_sums<Bits, S == Scales::E2M1, kOneRow, MT, NT>(codes, stride, x, p.K, isum);
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
             if constexpr (S != Scales::PerRow) {
@@ -278,6 +312,8 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
                 if constexpr (S == Scales::GroupedWithZero) {
                     z = half16(p.z + at);
                     _mm_prefetch(reinterpret_cast<const char*>(p.z + ahead), _MM_HINT_T0);
+                } else if constexpr (S == Scales::E2M1) {
+                    z = _mm512_mul_ps(d, _mm512_set1_ps(-kE2M1Offset));  // exact: d a power of two
                 }
             }
             for (int i = 0; i < MT; ++i) {
@@ -287,7 +323,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
                     acc[i][j] = _mm512_fmadd_ps(f, s, acc[i][j]);
                 } else {
                     acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(f, s), d, acc[i][j]);
-                    if constexpr (S == Scales::GroupedWithZero)
+                    if constexpr (S == Scales::GroupedWithZero || S == Scales::E2M1)
                         acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x_sum[i * p.KB + b]), z, acc[i][j]);
                 }
             }
@@ -360,6 +396,10 @@ void run(const Problem& p, T* y) {
 
 template <int Bits, typename T>
 void run_bits(const Problem& p, T* y) {
+    if constexpr (Bits == 4) {
+        if (p.e2m1)
+            return run<Bits, Scales::E2M1>(p, y);
+    }
     if (p.z != nullptr)
         run<Bits, Scales::GroupedWithZero>(p, y);
     else if (p.G == 1)
@@ -376,7 +416,7 @@ void int_linear_bits(const T* x, int64_t M, int64_t K, const tailrace::IntWeight
     std::vector<float> scale(M * KB), sum(M * KB);
     quantize_rows(x, M, K, codes.data(), scale.data(), sum.data());
     run_bits<Bits>(Problem{{codes.data(), scale.data(), sum.data()}, w.codes, w.d, w.z, w.bias, M, K, w.n, KB,
-                           w.vectors, w.groups}, y);
+                           w.vectors, w.groups, w.e2m1}, y);
 }
 
 template <typename T>
@@ -410,7 +450,9 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const t
 tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& z,
                                            const torch::Tensor& bias, int64_t K, int64_t n) {
     const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
-    TORCH_CHECK(bits == 8 || codes.scalar_type() == torch::kByte, "int_linear codes are int8 or uint8 (4-bit pairs)");
+    const bool e2m1 = codes.scalar_type() == torch::kFloat4_e2m1fn_x2;
+    TORCH_CHECK(bits == 8 || e2m1 || codes.scalar_type() == torch::kByte,
+                "int_linear codes are int8, uint8 (4-bit pairs) or float4_e2m1fn_x2 (E2M1 pairs)");
     TORCH_CHECK(K % kBlock == 0, "int_linear takes inputs in blocks of ", kBlock, ", not ", K);
     const int64_t load_bytes = bits == 8 ? kLoadBytes<8> : kLoadBytes<4>;
     const int64_t inputs_per_load = bits == 8 ? kLoadInputs<8> : kLoadInputs<4>;
@@ -425,11 +467,12 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
     TORCH_CHECK(!z.defined() || (G == K / kBlock && z.sizes() == d.sizes() && z.scalar_type() == torch::kHalf &&
                                  z.is_contiguous()),
                 "zero points go with grouped scales, in their shape and type");
+    TORCH_CHECK(!e2m1 || (G == K / kBlock && !z.defined()), "E2M1 codes take grouped scales and no zero points");
     TORCH_CHECK(n <= NV * kLanes, "more outputs than the codes hold");
     TORCH_CHECK(!bias.defined() || (bias.scalar_type() == torch::kFloat && bias.numel() >= n), "bias must be float32");
     return {static_cast<const uint8_t*>(codes.data_ptr()), bits, d.data_ptr<at::Half>(),
             z.defined() ? z.data_ptr<at::Half>() : nullptr, bias.defined() ? bias.data_ptr<float>() : nullptr, NV, G,
-            n};
+            n, e2m1};
 }
 
 void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y) {

@@ -56,6 +56,7 @@ struct IntWeights {
     const at::Half* z;     // like d, or nullptr
     const float* bias;     // [n] or nullptr
     int64_t vectors, groups, n;
+    bool e2m1;             // 4-bit codes of E2M1 values (MXFP4), not counts from zero
 };
 // The weights of a packed IntLinear's tensors (z, bias undefined for none), checked against k and n.
 IntWeights int_weights(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& z, const at::Tensor& bias,
