@@ -269,6 +269,24 @@ def test_a_one_layer_gguf_repeated_loads_as_that_many_equal_layers(tmp_path: Pat
         shapes.repeat_layer(tmp_path / "three.gguf", 2, tmp_path / "six.gguf")
 
 
+def test_the_gpt_oss_shape_has_gpt_oss_20bs_parameters_and_is_written_as_released(tmp_path: Path):
+    count = sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES["gpt-oss-20b"]).values())
+    assert 20.9e9 < count < 21.0e9  # gpt-oss-20b's 20.9B
+    tiny = dataclasses.replace(TINY, name="gpt-oss", architecture="GptOssForCausalLM", model_type="gpt_oss",
+                               extra={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
+                                      "attention_bias": True, "tie_word_embeddings": False})
+    directory = shapes.write_shape(tiny, tmp_path)
+    with safe_open(directory / "model.safetensors", "pt") as weights:
+        gate_up = weights.get_tensor("model.layers.1.mlp.experts.gate_up_proj")  # [experts, in, 2 out]
+        bias = weights.get_tensor("model.layers.1.mlp.experts.gate_up_proj_bias")
+        assert "model.layers.1.mlp.router.weight" in weights.keys()
+    assert gate_up.shape == (4, 16, 64)
+    model, _ = load_model(str(directory))
+    expert = model.model.layers[1].mlp.experts[2].gate_up_proj
+    assert torch.equal(expert.weight[:32], gate_up[2, :, 0::2].t()) and torch.equal(expert.weight[32:], gate_up[2, :, 1::2].t())
+    assert torch.equal(expert.bias[:32], bias[2, 0::2])
+
+
 def test_the_moe_shape_has_qwen3_30b_a3bs_parameters():
     count = sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES["qwen3-30b-a3b"]).values())
     assert 30.4e9 < count < 30.6e9  # Qwen3-30B-A3B's 30.5B

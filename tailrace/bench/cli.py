@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the bench modules load only when a bench command runs
 
 DEFAULT_CONCURRENCY = "1,8,32,64"
 PEER_NAMES = ("transformers", "vllm", "llamacpp")  # tailrace.bench.compare.PEERS, without importing it
-SHAPE_NAMES = ("smollm2-135m", "llama-3.2-1b", "gemma-3-1b", "phi-4-mini", "qwen3-30b-a3b")  # tailrace.bench.shapes.SHAPES, likewise
+SHAPE_NAMES = ("smollm2-135m", "llama-3.2-1b", "gemma-3-1b", "phi-4-mini", "qwen3-30b-a3b", "gpt-oss-20b")  # tailrace.bench.shapes.SHAPES, likewise
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -103,8 +103,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--endpoint", choices=("completions", "chat"), default="chat")
     compare.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                          help="weights and compute of every server (default: float32)")
-    compare.add_argument("--peer-quant", choices=("Q8_0", "Q4_0"), default=None,
-                         help="llama.cpp's weights quantized to this (default: none, --dtype)")
+    compare.add_argument("--peer-quant", choices=("Q8_0", "Q4_0", "MXFP4_MOE"), default=None,
+                         help="llama.cpp's weights quantized to this (default: none, --dtype); MXFP4_MOE: "
+                              "experts MXFP4, every other matrix Q8_0, as gpt-oss ships")
     compare.add_argument("--ours-args", type=shlex.split, default=[],
                          help="more `tailrace serve` flags, e.g. '--quantization int8' "
                               "(a flag alone: --ours-args=--FLAG)")

@@ -65,11 +65,12 @@ SHAPES = {shape.name: shape for shape in (
           extra={"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 512,
                  "sliding_window_pattern": 6, "rope_local_base_freq": 10_000.0, "rms_norm_eps": 1e-6}),
     # microsoft/Phi-4-mini-instruct's shape: 3/4 of each head turns (its LongRoPE factors, which
-    # cost nothing per step, are not the shape's)
+    # cost nothing per step, are not the shape's); one layer written (15 GB in float32 whole)
     Shape("phi-4-mini", hidden_size=3072, num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
           head_dim=128, intermediate_size=8192, vocab_size=200064, max_position_embeddings=131072,
-          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
-          architecture="Phi3ForCausalLM", model_type="phi3"),
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                           "original_max_position_embeddings": 4096},  # llama.cpp's converter reads it
+          architecture="Phi3ForCausalLM", model_type="phi3", one_layer=True),
     # Qwen/Qwen3-30B-A3B's shape: 128 experts of 768, 8 a token, in every layer; untied head
     Shape("qwen3-30b-a3b", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
           head_dim=128, intermediate_size=6144, vocab_size=151936, max_position_embeddings=40960,
@@ -78,6 +79,15 @@ SHAPES = {shape.name: shape for shape in (
           extra={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
                  "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
                  "tie_word_embeddings": False}),
+    # openai/gpt-oss-20b's shape: 32 experts of 2880, 4 a token; sinks, biases, YaRN, every other
+    # layer a window of 128; untied head
+    Shape("gpt-oss-20b", hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
+          head_dim=64, intermediate_size=2880, vocab_size=201088, max_position_embeddings=131072,
+          rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+          architecture="GptOssForCausalLM", model_type="gpt_oss", one_layer=True,
+          extra={"num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128, "attention_bias": True,
+                 "swiglu_limit": 7.0, "tie_word_embeddings": False}),
 )}
 
 
@@ -184,7 +194,33 @@ def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]
     weights["model.embed_tokens.weight"][known_tokens:] = 0.0
     if "lm_head.weight" in weights:  # an untied head scores the unknown ids 0 likewise
         weights["lm_head.weight"][known_tokens:] = 0.0
-    return weights
+    return released_gpt_oss_layout(weights) if shape.architecture == "GptOssForCausalLM" else weights
+
+
+def released_gpt_oss_layout(weights: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss's tensors as its checkpoints store them (what llama.cpp's converter reads, and
+    loader.gpt_oss_tensors undoes): the router as mlp.router, each layer's experts stacked
+    [experts, in, out] with gate and up interleaved (gate_up_proj[..., ::2] the gates)."""
+    import torch
+
+    out, experts = {}, {}
+    for name, tensor in weights.items():
+        layer, _, part = name.partition(".mlp.experts.")
+        if not part:
+            out[name.replace(".mlp.gate.", ".mlp.router.")] = tensor
+            continue
+        index, projection, kind = part.split(".")
+        experts.setdefault(layer, {}).setdefault((projection, kind), {})[int(index)] = tensor
+    for layer, parts in experts.items():
+        def stacked(projection: str, kind: str) -> Any:
+            return torch.stack([parts[projection, kind][i] for i in sorted(parts[projection, kind])])
+        for kind, suffix in (("weight", ""), ("bias", "_bias")):
+            gate, up = stacked("gate_proj", kind), stacked("up_proj", kind)
+            gate_up = torch.stack((gate, up), dim=2).flatten(1, 2)  # rows gate 0, up 0, gate 1, ...
+            down = stacked("down_proj", kind)
+            out[f"{layer}.mlp.experts.gate_up_proj{suffix}"] = gate_up.transpose(1, 2) if kind == "weight" else gate_up
+            out[f"{layer}.mlp.experts.down_proj{suffix}"] = down.transpose(1, 2) if kind == "weight" else down
+    return {name: tensor.contiguous() for name, tensor in out.items()}
 
 
 def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_dir: str = EMBEDDED_MODEL) -> Path:

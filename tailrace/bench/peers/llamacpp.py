@@ -116,8 +116,10 @@ def repeated_layer_gguf(directory: Path, shape: Shape, dtype: str, quant: str | 
     """The GGUF of a shape written as one layer (Shape.one_layer): that layer written, converted
     (and quantized), then repeated for every layer of the shape; made once. Quantized `pure`: a
     Q6_K head would be dequantized and requantized by tailrace, a transient of several GB at the
-    end of a load that already fills most of a 24 GB machine."""
-    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant, pure=quant is not None)
+    end of a load that already fills most of a 24 GB machine. Not MXFP4_MOE, whose mix (experts
+    MXFP4, every other matrix Q8_0) tailrace takes block for block, and --pure would make MXFP4 all."""
+    pure = quant is not None and quant != "MXFP4_MOE"
+    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant, pure=pure)
     target = layer.with_name(f"{shape.name}-{layer.stem.removeprefix(layer_of(shape).name + '-')}.gguf")
     if not target.exists():
         partial = target.with_suffix(".partial")
