@@ -3,6 +3,8 @@ weights (dequantized within each format's error), greedy tokens; bad files get o
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -171,3 +173,24 @@ def test_unsupported_architecture_is_named(tmp_path):
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; supported: llama, qwen2, qwen3, "
                                          "smollm3, gemma2, gemma3"):
         load_model_config(str(path))
+
+
+def _mapped_kilobytes(path: str) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps", encoding="utf-8"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header: range perms offset dev inode [path]
+            inside = len(fields) == 6 and fields[5] == path
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc")
+def test_a_loaded_gguf_leaves_none_of_its_pages_mapped_resident(tmp_path):
+    """The reader stays cached (open_gguf), its mapping with it: the weights' pages read while
+    loading would count as resident memory beside the weights built from them."""
+    path = str(write_gguf(tmp_path / "q8_0.gguf", Q.Q8_0))
+    load_model(path, quantization="int8")
+    assert _mapped_kilobytes(path) == 0

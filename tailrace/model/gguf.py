@@ -8,6 +8,7 @@ memory-mapped in `ReaderTensor.data`), so a quantized path can later take those 
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -86,6 +87,18 @@ def open_gguf(path: str) -> GGUFReader:
 @functools.lru_cache(maxsize=1)
 def _reader(path: str, mtime_ns: int) -> GGUFReader:
     return GGUFReader(path)
+
+
+def release_pages(reader: GGUFReader) -> None:
+    """The file's pages the reader has read, unmapped from this process (MADV_DONTNEED): they
+    belong to the page cache, yet count as the process's resident memory while mapped, and the
+    cached reader (open_gguf) keeps the mapping for the process's life. A loaded gpt-oss-20b
+    GGUF's 12 GB stood resident beside the weights built from them (bench/RESULTS.md, twenty-fourth
+    session). Whatever reads them again faults them back in from the cache."""
+    buffer = reader.data
+    while not isinstance(buffer, mmap.mmap):
+        buffer = buffer.base
+    buffer.madvise(mmap.MADV_DONTNEED)
 
 
 def metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:

@@ -68,6 +68,7 @@ def load_model(
                          supplied={f"{p.path}.weight" for p in blocks})
             reorder_rotary_dims(model)
             use_gguf_blocks(model, reader, blocks)
+            gguf.release_pages(reader)
         else:
             # A GGUF file holds the norms' scales; a Gemma checkpoint holds them less 1 (llama.cpp's
             # converter adds it, as this does).
