@@ -92,9 +92,9 @@ def _reader(path: str, mtime_ns: int) -> GGUFReader:
 def release_pages(reader: GGUFReader) -> None:
     """The file's pages the reader has read, unmapped from this process (MADV_DONTNEED): they
     belong to the page cache, yet count as the process's resident memory while mapped, and the
-    cached reader (open_gguf) keeps the mapping for the process's life. A loaded gpt-oss-20b
-    GGUF's 12 GB stood resident beside the weights built from them (bench/RESULTS.md, twenty-fourth
-    session). Whatever reads them again faults them back in from the cache."""
+    cached reader (open_gguf) keeps the mapping for the process's life. 7 GB of a loaded
+    gpt-oss-20b GGUF stood resident beside the weights built from it (bench/RESULTS.md,
+    twenty-fourth session). Whatever reads them again faults them back in from the cache."""
     buffer = reader.data
     while not isinstance(buffer, mmap.mmap):
         buffer = buffer.base
