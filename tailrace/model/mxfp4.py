@@ -21,9 +21,8 @@ _LARGEST_EXPONENT = 143  # a scale of 2^15 once halved (e2m1_codes): float16's l
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """blocks [..., G, 16] and scales [..., G] (uint8) -> float32 [..., G * 32]."""
     _check(blocks, scales)
-    table = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    values = torch.stack((table[(blocks & 0x0F).long()], table[(blocks >> 4).long()]), dim=-1)
-    values = values.reshape(*blocks.shape[:-1], 32) * torch.exp2(scales.float() - 127.0)[..., None]
+    values = torch.tensor(FP4_VALUES, dtype=torch.float32)[_codes(blocks).long()]
+    values = values.reshape(*scales.shape, 32) * torch.exp2(scales.float() - 127.0)[..., None]
     return values.reshape(*blocks.shape[:-2], -1)
 
 
@@ -32,8 +31,12 @@ def e2m1_codes(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
     and each block's scale halved, float32 [..., G]: the code's value doubled (a whole number)
     times it is the weight (quant.IntWeight with e2m1)."""
     _check(blocks, scales)
-    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).reshape(*blocks.shape[:-2], -1)
-    return codes, e2m1_scales(scales)
+    return _codes(blocks), e2m1_scales(scales)
+
+
+def _codes(blocks: torch.Tensor) -> torch.Tensor:
+    """blocks [..., G, 16] -> their E2M1 codes in order [..., G * 32]: a byte's low nibble first."""
+    return torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).reshape(*blocks.shape[:-2], -1)
 
 
 def e2m1_scales(exponents: torch.Tensor) -> torch.Tensor:
