@@ -42,11 +42,14 @@ constexpr int64_t kWideFrom = 8;     // rows from which the FMA pairs take wide 
 // Tiles, rows x vectors, for 32 registers of 16 lanes (see bf16_linear).
 constexpr int kTileRows = 4, kTileVectors = 4, kLoneVectors = 8, kWideRows = 12, kWideVectors = 2;
 #else
-// The AVX2 build (avx2.h): 16 registers of 8 lanes, a vector two of them. 4 rows x 1 vector keeps
-// the 8 accumulators, a widened weight pair (4) and a broadcast input (2) in registers, where the
-// AVX-512 tiles spilled: float32 projections of the Gemma-3-1B shape at 32 rows took 1.42x
-// oneDNN's time with 4 x 4 tiles (bench/RESULTS.md, twenty-second session).
-constexpr int kTileRows = 4, kTileVectors = 1, kLoneVectors = 4, kWideRows = 4, kWideVectors = 1;
+// The AVX2 build (avx2.h): 16 registers of 8 lanes, a vector two of them. 6 rows x 1 vector keeps
+// the 12 accumulators, one step's weight vector (2) and a broadcast input (1) in registers, where
+// the AVX-512 tiles spilled (float32 projections of the Gemma-3-1B shape at 32 rows took 1.42x
+// oneDNN's time with 4 x 4 tiles, bench/RESULTS.md, twenty-second session). Gemma-3-1B's bfloat16
+// projections on a 2-core Zen 1, these tiles against 4 rows taking both of a pair's weight vectors
+// at once: 1.09x at 32 and 128 rows, 1.17x its head at 32 rows, 1.42x its down projection at 512
+// rows (twenty-fifth session).
+constexpr int kTileRows = 6, kTileVectors = 1, kLoneVectors = 4, kWideRows = 6, kWideVectors = 1;
 #endif
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
 constexpr int64_t kWidenGrain = 1024;  // vectors of x a thread widens at least (16k values)
@@ -60,40 +63,45 @@ struct Problem {
     int64_t M, K, N, KP, NV;
 };
 
+// A Dot adds a K pair's products to each output lane in `kPhases` steps: per step one weight
+// vector (Weights) and one broadcast input (In) a row. Taking a tile's rows step by step keeps one
+// step's weights in registers instead of all of them, so more rows fit in a tile; each lane still
+// adds its products in the same order, whatever the tile.
+
 // vdpbf16ps: lane l += x[2l + 1] * w[2l + 1], then += x[2l] * w[2l] (the instruction's order).
 struct Native {
     using W = uint16_t;
     using Y = uint16_t;
-    using Pair = __m512i;     // one input pair, broadcast
+    using In = __m512i;       // one input pair, broadcast
     using Weights = __m512i;  // 16 weight pairs
-    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
+    static constexpr int kPhases = 1;
+    static In input(const Problem& p, int64_t row, int64_t kp, int) {
         return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(p.x + row * p.K + 2 * kp));
     }
-    static Weights weights(const uint16_t* w) { return _mm512_loadu_si512(w); }
-    static __m512 dot(__m512 acc, Pair a, Weights w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
+    static Weights weights(const uint16_t* w, int) { return _mm512_loadu_si512(w); }
+    static __m512 dot(__m512 acc, In a, Weights w) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w); }
     static void store(uint16_t* y, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(y, m, tailrace::to_bf16_bits<true>(v)); }
 };
 
-// The same sums from two FMAs. Compute-bound tiles (prefill, large batches) are limited by the
-// two vector ports the FMAs share with the bfloat16 widening, so the inputs are widened once per
-// call (p.xf, broadcast straight from memory) and each weight vector once per tile step.
+// The same sums from two FMAs, the pair's high value first. Compute-bound tiles (prefill, large
+// batches) are limited by the two vector ports the FMAs share with the bfloat16 widening, so the
+// inputs are widened once per call (p.xf, broadcast straight from memory) and each weight vector
+// once per tile step.
 struct Emulated {
     using W = uint16_t;
     using Y = uint16_t;
-    struct Pair { __m512 high, low; };
-    struct Weights { __m512 high, low; };
-    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
-        const float* x = p.xf + row * p.K + 2 * kp;
-        return {_mm512_set1_ps(x[1]), _mm512_set1_ps(x[0])};
+    using In = __m512;
+    using Weights = __m512;
+    static constexpr int kPhases = 2;
+    static In input(const Problem& p, int64_t row, int64_t kp, int phase) {
+        return _mm512_set1_ps(p.xf[row * p.K + 2 * kp + 1 - phase]);
     }
-    static Weights weights(const uint16_t* w) {
+    static Weights weights(const uint16_t* w, int phase) {
         const __m512i pairs = _mm512_loadu_si512(w);
-        return {_mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(-65536))),
-                _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16))};
+        return _mm512_castsi512_ps(phase == 0 ? _mm512_and_si512(pairs, _mm512_set1_epi32(-65536))
+                                              : _mm512_slli_epi32(pairs, 16));
     }
-    static __m512 dot(__m512 acc, Pair a, Weights w) {
-        return _mm512_fmadd_ps(a.low, w.low, _mm512_fmadd_ps(a.high, w.high, acc));
-    }
+    static __m512 dot(__m512 acc, In a, Weights w) { return _mm512_fmadd_ps(a, w, acc); }
     static void store(uint16_t* y, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(y, m, tailrace::to_bf16_bits<false>(v)); }
 };
 
@@ -102,16 +110,14 @@ struct Emulated {
 struct Float32 {
     using W = float;
     using Y = float;
-    struct Pair { __m512 even, odd; };
-    struct Weights { __m512 even, odd; };
-    static Pair pair(const Problem& p, int64_t row, int64_t kp) {
-        const float* x = p.xf + row * p.K + 2 * kp;
-        return {_mm512_set1_ps(x[0]), _mm512_set1_ps(x[1])};
+    using In = __m512;
+    using Weights = __m512;
+    static constexpr int kPhases = 2;
+    static In input(const Problem& p, int64_t row, int64_t kp, int phase) {
+        return _mm512_set1_ps(p.xf[row * p.K + 2 * kp + phase]);
     }
-    static Weights weights(const float* w) { return {_mm512_loadu_ps(w), _mm512_loadu_ps(w + kLanes)}; }
-    static __m512 dot(__m512 acc, Pair a, Weights w) {
-        return _mm512_fmadd_ps(a.odd, w.odd, _mm512_fmadd_ps(a.even, w.even, acc));
-    }
+    static Weights weights(const float* w, int phase) { return _mm512_loadu_ps(w + phase * kLanes); }
+    static __m512 dot(__m512 acc, In a, Weights w) { return _mm512_fmadd_ps(a, w, acc); }
     static void store(float* y, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(y, m, v); }
 };
 
@@ -126,13 +132,15 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
             acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + (i * V + j) * kLanes);
     const typename Dot::W* w = static_cast<const typename Dot::W*>(p.w) + v0 * p.KP * 2 * kLanes;
     for (int64_t kp = kp0; kp < kp1; ++kp) {
-        typename Dot::Weights wv[NT];
-        for (int j = 0; j < NT; ++j)
-            wv[j] = Dot::weights(w + (j * p.KP + kp) * 2 * kLanes);
-        for (int i = 0; i < MT; ++i) {
-            const typename Dot::Pair a = Dot::pair(p, m0 + i, kp);
+        for (int phase = 0; phase < Dot::kPhases; ++phase) {
+            typename Dot::Weights wv[NT];
             for (int j = 0; j < NT; ++j)
-                acc[i][j] = Dot::dot(acc[i][j], a, wv[j]);
+                wv[j] = Dot::weights(w + (j * p.KP + kp) * 2 * kLanes, phase);
+            for (int i = 0; i < MT; ++i) {
+                const typename Dot::In a = Dot::input(p, m0 + i, kp, phase);
+                for (int j = 0; j < NT; ++j)
+                    acc[i][j] = Dot::dot(acc[i][j], a, wv[j]);
+            }
         }
     }
     if (!last) {
@@ -150,12 +158,13 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t kp0, int64_t kp1, fl
     }
 }
 
-// One unit of work: vectors [v_begin, v_end) in groups of up to V, rows [m_begin, m_end), R rows
-// a tile. K is the middle loop so that a group's block of weights is read from memory once and
-// reused by every row tile from cache.
+// One unit of work: vectors [v_begin, v_end) in groups of up to V, rows [m_begin, m_end) in tiles
+// of at most R rows, as even as that allows (32 rows in tiles of 6 are 5 and 6 rows, not five of 6
+// and one of 2, which would load and widen its weights for 2 rows' FMAs). K is the middle loop so
+// that a group's block of weights is read from memory once and reused by every row tile from cache.
 template <typename Dot, int R, int V>
 void run_groups(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end) {
-    const int64_t row_tiles = (m_end - m_begin + R - 1) / R;
+    const int64_t rows = m_end - m_begin, row_tiles = (rows + R - 1) / R;
     const int64_t blocks = (p.KP + kBlockPairs - 1) / kBlockPairs;
     // the tiles' float32 sums between K blocks, kept by the thread from unit to unit
     thread_local std::vector<float> parts;
@@ -167,9 +176,9 @@ void run_groups(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begi
             const int64_t kp0 = b * kBlockPairs;
             const int64_t kp1 = std::min(p.KP, kp0 + kBlockPairs);
             for (int64_t t = 0; t < row_tiles; ++t) {
-                const int64_t m0 = m_begin + t * R;
+                const int64_t m0 = m_begin + t * rows / row_tiles;
                 float* part = blocks > 1 ? parts.data() + t * R * V * kLanes : nullptr;
-                tailrace::up_to<R>(std::min<int64_t>(R, m_end - m0), [&](auto mt) {
+                tailrace::up_to<R>(m_begin + (t + 1) * rows / row_tiles - m0, [&](auto mt) {
                     tailrace::up_to<V>(nt, [&](auto vt) {
                         tile<Dot, V, decltype(mt)::value, decltype(vt)::value>(p, m0, v0, kp0, kp1, part, b == 0,
                                                                                b == blocks - 1);
