@@ -28,10 +28,13 @@ neither, `kernels()` is None and the model keeps the oneDNN/SDPA paths.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -77,6 +80,29 @@ def _build_directory(name: str) -> str | None:
     return str(directory)
 
 
+@contextlib.contextmanager
+def _building(directory: str | None) -> Iterator[None]:
+    """Held while torch builds or loads the kernels in `directory`. torch's own lock there is a file
+    (`lock`) that only the process that made it deletes: one killed while building (a first start
+    stopped with Ctrl+C) left it, and every later start then waited for it, silently and for ever.
+    This lock is an flock, which the OS drops with its holder, so whoever holds it knows no build
+    is running and clears a `lock` file left behind."""
+    if directory is None:  # torch's default directory: its lock as it is
+        yield
+        return
+    with open(Path(directory) / "tailrace.lock", "w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building tailrace's CPU kernels in %s", directory)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        left = Path(directory) / "lock"
+        if left.exists():
+            logger.warning("removing %s, left by a kernel build that was stopped", left)
+            left.unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def kernels() -> ModuleType | None:
     """The compiled module, or None where it cannot run here."""
@@ -91,9 +117,11 @@ def kernels() -> ModuleType | None:
         import ninja  # the pip package's binary: a venv's bin/ need not be on PATH
 
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])
-        return cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
-                                  extra_cflags=_COMMON_FLAGS + _TARGETS[isa], extra_ldflags=["-fopenmp"],
-                                  verbose=False, build_directory=_build_directory(name))
+        directory = _build_directory(name)
+        with _building(directory):
+            return cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
+                                      extra_cflags=_COMMON_FLAGS + _TARGETS[isa], extra_ldflags=["-fopenmp"],
+                                      verbose=False, build_directory=directory)
     except Exception as error:  # no compiler or ninja: the PyTorch paths serve instead
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         logger.warning("tailrace's CPU kernels did not build (%s); using PyTorch's kernels", first_line)
