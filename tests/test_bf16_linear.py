@@ -161,7 +161,7 @@ def pairwise_fma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
 def test_without_the_bfloat16_dot_product_two_fmas_a_pair_give_its_sums(tmp_path):
     """TAILRACE_CPU_BF16_DOT=0 takes the path of CPUs without AVX512-BF16 (here in a child
     process, the choice being process-wide): bit for bit the pairwise sums, in any batch. 13 rows:
-    tiles of 4, 4 and 5 rows in the AVX2 build, 12 and 1 in the AVX-512 build's wide tiles."""
+    tiles of 4, 4 and 5 rows in the AVX2 build, 6 and 7 in the AVX-512 build's wide tiles (of 12)."""
     weight, bias = random_linear(40, 600, True, seed=2)  # K over one block of 256 pairs
     x = torch.randn(13, 600, generator=torch.Generator().manual_seed(2)).bfloat16()
     torch.save((weight, bias, x), tmp_path / "in.pt")
