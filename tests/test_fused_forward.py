@@ -4,12 +4,17 @@ rows and mixed batches, and the cases where it must not run."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailrace.model import bf16_linear, cpu_ops, int_linear
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.config import parse_model_config
+from tailrace.model.layer_plan import NORMS, Step
 from tailrace.model.llama import LlamaForCausalLM
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.model.quant import quantize_model
@@ -124,6 +129,10 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
 def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches(model_type, quantization, tied, dtype):
     model = random_model(model_type, quantization=quantization, tied=tied, dtype=dtype)
     assert isinstance(model.model.embed_tokens, bf16_linear.PackedEmbedding) == (tied and quantization is None)
+    assert_one_call_gives_the_per_module_bits(model)
+
+
+def assert_one_call_gives_the_per_module_bits(model: LlamaForCausalLM) -> None:
     fused = model.model.fused_forward
     assert isinstance(fused, cpu_ops.FusedForward)
     fused_cache, module_cache = new_cache(model), new_cache(model)
@@ -134,6 +143,30 @@ def test_one_call_gives_the_per_module_bits_for_prefill_decode_and_mixed_batches
         model.model.fused_forward = fused
         assert torch.equal(got, expected)
         assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
+
+
+# A block's steps (layer_plan.Step): its input norm or none, its output norm or none, its multiplier
+# (1: none), and whether the multiplier comes before the output norm.
+BLOCK = st.tuples(st.sampled_from((None,) + NORMS), st.sampled_from((None,) + NORMS),
+                  st.sampled_from((1.0, 0.3, 2.5)), st.booleans())
+
+
+@given(blocks=st.tuples(BLOCK, BLOCK), model_type=st.sampled_from(["llama", "qwen3_moe"]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+@settings(max_examples=12, deadline=None)
+def test_any_order_of_norms_and_multipliers_gives_the_per_module_bits(blocks, model_type, dtype):
+    """A layer is described once (layer_plan.py): orders of steps that no released architecture
+    has, run by both paths, give the same bits, so a new architecture built of them needs no code
+    in either."""
+    steps = []
+    for block, (read, output_norm, factor, scale_first) in zip(("attention", "feed_forward"), blocks):
+        after = [Step("norm_output", output_norm)] if output_norm else []
+        scale = [Step("scale", factor=factor)] if factor != 1.0 else []
+        steps += [Step("read", read), Step(block), *(scale + after if scale_first else after + scale), Step("add")]
+    with mock.patch("tailrace.model.llama.layer_steps", return_value=tuple(steps)):
+        model = random_model(model_type, dtype=dtype)
+    assert all(layer.steps == tuple(steps) for layer in model.model.layers)
+    assert_one_call_gives_the_per_module_bits(model)
 
 
 @pytest.mark.parametrize("quantization, tied, dtype", [

@@ -88,7 +88,8 @@ class ModelConfig:
     hidden_act: str = "silu"  # or "gelu_tanh"
     norm_weight_offset: float = 0.0  # a checkpoint's norm weights + this are the scales (Gemma: 1)
     embedding_multiplier: float = 1.0  # the embedding rows times this, rounded to the dtype first
-    # "pre": the blocks' inputs normed; "sandwich" (Gemma): inputs and outputs; "post" (OLMo 2): outputs
+    # "pre": the blocks' inputs normed; "sandwich" (Gemma): inputs and outputs; "post" (OLMo 2):
+    # outputs (layer_plan.py makes each layer's steps of it)
     norm_style: str = "pre"
     qk_norm_over_heads: bool = False  # q and k normed each over all its heads (OLMo 2), not head by head
     residual_multiplier: float = 1.0  # each block's output times this joins the residual (Granite)

@@ -27,6 +27,7 @@ from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, pack_routers, packable
 from tailrace.model.huge_pages import Arena, release_freed
 from tailrace.model.int_linear import IntLinear
+from tailrace.model.layer_plan import norms_of
 from tailrace.model.config import ModelConfig
 from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
                                   replace_elementwise)
@@ -88,8 +89,7 @@ class FusedForward:
         self._forward = forward(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                 config.head_dim, config.intermediate_size, config.rms_norm_eps, act=config.hidden_act,
                                 embedding_multiplier=config.embedding_multiplier, scale=config.attention_scale,
-                                softcap=config.attention_softcap or 0.0, residual_multiplier=config.residual_multiplier,
-                                swiglu_alpha=config.swiglu_alpha, swiglu_limit=config.swiglu_limit,
+                                softcap=config.attention_softcap or 0.0, swiglu_alpha=config.swiglu_alpha, swiglu_limit=config.swiglu_limit,
                                 moe_intermediate=config.moe_intermediate_size, experts_per_token=routing["top_k"],
                                 topk_first=routing["topk_first"], normalize_topk=routing["normalize"],
                                 router_float32=routing["float32_weights"])
@@ -98,17 +98,12 @@ class FusedForward:
                                                         if hasattr(model.model, name))}
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            # Gemma's sandwich and OLMo 2's post norms norm each block's output (DecoderLayer)
-            outputs_normed = layer.post_feedforward_layernorm is not None
             experts = mlp.experts if isinstance(mlp, MoE) else []
             self._forward.add_layer(
-                input_norm=_weight(layer.input_layernorm), qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm),
-                k_norm=_weight(attn.k_norm), o=_buffers(attn.o_proj),
-                mlp_norm=_weight(layer.pre_feedforward_layernorm if outputs_normed else layer.post_attention_layernorm),
-                gate_up=[] if experts else _buffers(mlp.gate_up_proj), down=[] if experts else _buffers(mlp.down_proj),
-                attn_out_norm=layer.post_attention_layernorm.weight if outputs_normed else None,
-                ffn_out_norm=_weight(layer.post_feedforward_layernorm),
-                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
+                steps=[(step.op, step.norm and getattr(layer, step.norm).weight, step.factor) for step in layer.steps],
+                qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm), k_norm=_weight(attn.k_norm),
+                o=_buffers(attn.o_proj), gate_up=[] if experts else _buffers(mlp.gate_up_proj),
+                down=[] if experts else _buffers(mlp.down_proj), rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
                 sinks=attn.sinks, router=_buffers(mlp.gate) if experts else [],
                 expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
                 expert_down=[_buffers(expert.down_proj) for expert in experts])
@@ -169,8 +164,7 @@ def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...], rou
             return False
     else:
         projections += [mlp.gate_up_proj, mlp.down_proj]
-    norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
-             layer.post_feedforward_layernorm, attn.q_norm, attn.k_norm]
+    norms = [getattr(layer, name) for name in norms_of(layer.steps)] + [attn.q_norm, attn.k_norm]
     return (all(type(p) in kinds for p in projections)
             and all(_kernel_norm(n, eps) for n in norms if n is not None)
             and attn.rotate is kernels().rotary and _runs_kernel(mlp.act_and_mul))

@@ -1,8 +1,9 @@
 """The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, Qwen3-MoE,
 Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3, Granite, OLMo 2) over one flat batch of tokens: a
 Llama decoder with the features config.py reads for each architecture (per-layer sliding windows
-and rotary tables, NoPE layers, partial rotary, GeGLU, where the norms go, multipliers, soft caps,
-attention sinks, experts).
+and rotary tables, NoPE layers, partial rotary, GeGLU, multipliers, soft caps, attention sinks,
+experts). Each layer runs the steps layer_plan.py makes (where the norms go, the residual's
+multiplier), the same steps csrc/decoder.cpp runs in one call.
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj` (one matmul each instead of three and two; the loader
@@ -22,6 +23,7 @@ from torch import nn
 
 from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention
 from tailrace.model.config import ModelConfig
+from tailrace.model.layer_plan import layer_steps, norms_of
 
 
 def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -348,22 +350,16 @@ def choose_experts(logits: torch.Tensor, top_k: int, topk_first: bool, normalize
 
 
 class DecoderLayer(Module):
-    """config.norm_style "pre" (Llama) norms each block's input: post_attention_layernorm is the
-    MLP's. "sandwich" (Gemma) norms inputs and outputs: post_attention_layernorm the attention's
-    output, pre_feedforward_layernorm the MLP's input, post_feedforward_layernorm its output.
-    "post" (OLMo 2) norms the outputs alone. Each block's output joins the residual times
-    config.residual_multiplier (Granite)."""
+    """A layer's attention and feed-forward blocks, run by its steps (layer_plan.py, which also
+    says which norms it has: checkpoint names, set here as attributes)."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        width, eps, style = config.hidden_size, config.rms_norm_eps, config.norm_style
-        self.input_layernorm = None if style == "post" else RMSNorm(width, eps, dtype)
+        self.steps = layer_steps(config)
+        for name in norms_of(self.steps):
+            setattr(self, name, RMSNorm(config.hidden_size, config.rms_norm_eps, dtype))
         self.self_attn = Attention(config, layer, dtype)
-        self.post_attention_layernorm = RMSNorm(width, eps, dtype)
-        self.pre_feedforward_layernorm = RMSNorm(width, eps, dtype) if style == "sandwich" else None
-        self.post_feedforward_layernorm = None if style == "pre" else RMSNorm(width, eps, dtype)
         self.mlp = MoE(config, dtype) if config.layer_moe[layer] else MLP(config, dtype)
-        self.residual_multiplier = config.residual_multiplier
 
     def forward(
         self,
@@ -372,19 +368,22 @@ class DecoderLayer(Module):
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
-        attended = self.self_attn(_normed(self.input_layernorm, h), rotations, batch, cache)
-        if self.post_feedforward_layernorm is None:  # "pre"
-            h = h + self._scaled(attended)
-            return h + self._scaled(self.mlp(self.post_attention_layernorm(h)))
-        h = h + self._scaled(self.post_attention_layernorm(attended))
-        return h + self._scaled(self.post_feedforward_layernorm(self.mlp(_normed(self.pre_feedforward_layernorm, h))))
-
-    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
-
-
-def _normed(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
-    return x if norm is None else norm(x)
+        x = y = h
+        for step in self.steps:
+            op = step.op
+            if op == "read":
+                x = h if step.norm is None else getattr(self, step.norm)(h)
+            elif op == "attention":
+                y = self.self_attn(x, rotations, batch, cache)
+            elif op == "feed_forward":
+                y = self.mlp(x)
+            elif op == "norm_output":
+                y = getattr(self, step.norm)(y)
+            elif op == "scale":
+                y = y * step.factor
+            else:  # "add"
+                h = h + y
+        return h
 
 
 ROTARY_MODULES = {"global": "rotary", "local": "rotary_local"}  # a table's kind -> LlamaModel's attribute

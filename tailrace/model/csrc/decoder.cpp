@@ -1,8 +1,10 @@
 // A bfloat16 or float32 decoder forward in one call from Python: token ids to the final norm's
-// rows, for every architecture llama.py runs (the same features: per-layer rotary tables or none,
-// sliding windows, GeGLU and gpt-oss's gate, norms before, around or after each block, q/k norms
-// per head or over all heads, the embedding's and the residual's multipliers, the scores' soft cap,
-// attention sinks, biases, and mixtures of experts).
+// rows, for every architecture llama.py runs. Each layer runs the steps layer_plan.py makes for
+// it, the ones llama.DecoderLayer runs (where the norms go, the residual's multiplier), so the
+// order of a layer is written there once; the blocks read the same features (per-layer rotary
+// tables or none, sliding windows, GeGLU and gpt-oss's gate, q/k norms per head or over all heads,
+// the embedding's multiplier, the scores' soft cap, attention sinks, biases, and mixtures of
+// experts).
 //
 // The per-module path makes about ten calls a layer (norm, projections, rotary, two K/V stores,
 // attention, activation, residual adds), each through a Python module and PyTorch's dispatcher.
@@ -41,12 +43,19 @@ struct Projection {
     torch::Tensor bias;    // float32, padded to whole vectors, or undefined
 };
 
+// layer_plan.OPS, in its order
+enum class Op { kRead, kAttention, kFeedForward, kNormOutput, kScale, kAdd };
+
+struct LayerStep {
+    Op op;
+    torch::Tensor norm;  // [hidden], read's (or undefined: x is h) and norm_output's
+    float factor;        // scale's
+};
+
 struct Layer {
-    torch::Tensor input_norm, mlp_norm;  // [hidden]: the attention's and the MLP's input norms, or undefined
-                                         // (OLMo 2 norms the blocks' outputs alone)
+    std::vector<LayerStep> steps;
     torch::Tensor q_norm, k_norm;  // [head_dim] a head, or [heads * head_dim] over all of q's (k's) heads
                                    // (OLMo 2), or undefined
-    torch::Tensor attn_out_norm, ffn_out_norm;  // [hidden], norms of the blocks' outputs (Gemma, OLMo 2), or undefined
     torch::Tensor sinks;  // [heads] in the dtype (gpt-oss), or undefined
     Projection qkv, o, gate_up, down;  // gate_up, down: a dense layer's MLP
     Projection router;                 // a mixture of experts' (undefined `packed` in a dense layer)
@@ -66,7 +75,17 @@ Act act_named(const std::string& name) {
     return Act::kSwigluOai;
 }
 
+Op op_named(const std::string& name) {
+    static const char* const kNames[] = {"read", "attention", "feed_forward", "norm_output", "scale", "add"};
+    for (int i = 0; i < 6; ++i)
+        if (name == kNames[i])
+            return static_cast<Op>(i);
+    TORCH_CHECK(false, "a layer's step is read, attention, feed_forward, norm_output, scale or add, not ", name);
+}
+
 using Buffers = std::vector<c10::optional<torch::Tensor>>;
+// layer_plan.Step as add_layer takes it: op, norm weight (or None), factor
+using StepArgs = std::tuple<std::string, c10::optional<torch::Tensor>, double>;
 
 template <typename Scalar>
 Scalar* data(const torch::Tensor& t) { return t.data_ptr<Scalar>(); }
@@ -80,39 +99,45 @@ class DecoderForward {
 public:
     // act: the MLPs' and experts' gate, "silu", "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss's, with
     // swiglu_alpha and swiglu_limit); embedding_multiplier: the embedding rows times it, rounded to
-    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none);
-    // residual_multiplier: each block's output times it as it joins the residual (Granite; 1: none);
-    // moe_intermediate, experts_per_token and the routing's switches (kernels.h Routing): the
+    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none); moe_intermediate, experts_per_token and the routing's switches (kernels.h Routing): the
     // mixture of experts' layers (0 experts a token: a dense model).
     DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
                    const std::string& act, double embedding_multiplier, double scale, double softcap,
-                   double residual_multiplier, double swiglu_alpha, double swiglu_limit, int64_t moe_intermediate,
+                   double swiglu_alpha, double swiglu_limit, int64_t moe_intermediate,
                    int64_t experts_per_token, bool topk_first, bool normalize_topk, bool router_float32)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
           moe_intermediate_(moe_intermediate), eps_(static_cast<float>(eps)), act_(act_named(act)),
           embedding_multiplier_(static_cast<float>(static_cast<Scalar>(static_cast<float>(embedding_multiplier)))),
           scale_(static_cast<float>(scale)), softcap_(static_cast<float>(softcap)),
-          residual_multiplier_(static_cast<float>(residual_multiplier)), swiglu_alpha_(static_cast<float>(swiglu_alpha)),
+          swiglu_alpha_(static_cast<float>(swiglu_alpha)),
           swiglu_limit_(static_cast<float>(swiglu_limit)),
           routing_{0, experts_per_token, topk_first, normalize_topk, router_float32} {
         TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
         TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
     }
 
-    // Each projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), and
-    // each norm None where the layer has none there. A dense layer has gate_up and down (router and
-    // the experts' lists empty); a mixture of experts has its router ([packed, bias]) and each
-    // expert's gate_up and down instead (gate_up and down empty).
-    void add_layer(const c10::optional<torch::Tensor>& input_norm, const Buffers& qkv,
-                   const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
-                   const Buffers& o, const c10::optional<torch::Tensor>& mlp_norm, const Buffers& gate_up,
-                   const Buffers& down, const c10::optional<torch::Tensor>& attn_out_norm,
-                   const c10::optional<torch::Tensor>& ffn_out_norm, int64_t rope, int64_t window,
-                   const c10::optional<torch::Tensor>& sinks, const Buffers& router,
-                   const std::vector<Buffers>& expert_gate_up, const std::vector<Buffers>& expert_down) {
-        for (const c10::optional<torch::Tensor>* norm : {&input_norm, &mlp_norm, &attn_out_norm, &ffn_out_norm})
-            if (*norm)
-                check_norm(**norm, hidden_);
+    // steps: the layer's (layer_plan.layer_steps), each (op, its norm's weight or None, factor). Each
+    // projection is [packed, bias] (Bf16Linear) or [codes, scales, zeros, bias] (IntLinear), and
+    // q/k norms None where the layer has none. A dense layer has gate_up and down (router and the
+    // experts' lists empty); a mixture of experts has its router ([packed, bias]) and each expert's
+    // gate_up and down instead (gate_up and down empty).
+    void add_layer(const std::vector<StepArgs>& steps, const Buffers& qkv, const c10::optional<torch::Tensor>& q_norm,
+                   const c10::optional<torch::Tensor>& k_norm, const Buffers& o, const Buffers& gate_up,
+                   const Buffers& down, int64_t rope, int64_t window, const c10::optional<torch::Tensor>& sinks,
+                   const Buffers& router, const std::vector<Buffers>& expert_gate_up,
+                   const std::vector<Buffers>& expert_down) {
+        std::vector<LayerStep> layer_steps;
+        int64_t attentions = 0;
+        for (const auto& [name, norm, factor] : steps) {
+            const Op op = op_named(name);
+            attentions += op == Op::kAttention;
+            TORCH_CHECK(op != Op::kNormOutput || norm, "norm_output needs its norm");
+            TORCH_CHECK(op == Op::kRead || op == Op::kNormOutput || !norm, "only read and norm_output take a norm");
+            if (norm)
+                check_norm(*norm, hidden_);
+            layer_steps.push_back({op, defined(norm), static_cast<float>(factor)});
+        }
+        TORCH_CHECK(attentions == 1, "a layer's steps attend once (its K/V are stored there)");
         TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
         if (q_norm) {
             const bool over_heads = q_norm->numel() != dim_;
@@ -122,8 +147,8 @@ public:
         TORCH_CHECK(!sinks || (sinks->scalar_type() == kType && sinks->is_contiguous() && sinks->numel() == heads_),
                     "sinks must be ", kName, " [", heads_, "]");
         TORCH_CHECK(-1 <= rope && rope <= 1 && window >= 0, "rope is -1, 0 or 1; window at least 0");
-        Layer layer{defined(input_norm), defined(mlp_norm), defined(q_norm), defined(k_norm), defined(attn_out_norm),
-                    defined(ffn_out_norm), defined(sinks), projection(qkv, hidden_, qkv_width()),
+        Layer layer{std::move(layer_steps), defined(q_norm), defined(k_norm), defined(sinks),
+                    projection(qkv, hidden_, qkv_width()),
                     projection(o, heads_ * dim_, hidden_), {}, {}, {}, {}, {}, rope, window};
         const int64_t experts = static_cast<int64_t>(expert_gate_up.size());
         if (router.empty()) {
@@ -206,13 +231,10 @@ public:
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
                   rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
-        for (size_t l = 0; l < layers_.size(); ++l) {
-            project(layers_[l], static_cast<int64_t>(l), step);
-            if (wanted && l + 1 == layers_.size())
-                keep_rows(step, *wanted);
-            attend(layers_[l], step);
-            feed_forward(layers_[l], step);
-        }
+        for (size_t l = 0; l < layers_.size(); ++l)
+            for (const LayerStep& layer_step : layers_[l].steps)
+                run(layer_step, layers_[l], static_cast<int64_t>(l), wanted && l + 1 == layers_.size() ? &*wanted : nullptr,
+                    step);
         torch::Tensor out = torch::empty({step.T, hidden_}, row_options);
         norm(final_norm_, step, data<Scalar>(out));
         return out;
@@ -230,9 +252,62 @@ private:
         int64_t table_seq_stride, table_block_stride, block_size;
         tailrace::QueryRows rows;
         torch::Tensor h, x, qkv, qk, rotated, attended, y, gate_up, act;
+        const torch::Tensor* input = nullptr;  // the last read's rows: x, or h itself
         Scalar *k_layer = nullptr, *v_layer = nullptr;  // the pages of the layer project() last stored into
-        bool y_pending = false;  // y holds a projection's rows not yet added into h
+        bool y_pending = false;  // y holds rows an add step has not yet added into h
     };
+
+    // One of layer l's steps (layer_plan.OPS). An add is deferred into the next read's norm (or
+    // the final norm), its residual add in the same pass; any step that changes h or y first
+    // makes it. wanted: the rows to keep where l is the last layer with wanted rows.
+    void run(const LayerStep& step, const Layer& w, int64_t l, const torch::Tensor* wanted, Step& s) const {
+        switch (step.op) {
+            case Op::kRead:
+                if (step.norm.defined()) {
+                    norm(step.norm, s, data<Scalar>(s.x));
+                    s.input = &s.x;
+                } else {
+                    add_pending(s);
+                    s.input = &s.h;
+                }
+                return;
+            case Op::kAttention:
+                add_pending(s);
+                project(w, l, *s.input, s);
+                if (wanted)
+                    keep_rows(s, *wanted);
+                return attend(w, s);
+            case Op::kFeedForward:
+                add_pending(s);
+                return feed_forward(w, *s.input, s);
+            case Op::kNormOutput: {
+                add_pending(s);
+                Scalar* y = data<Scalar>(s.y);
+                return tailrace::rms_norm_rows(y, data<Scalar>(step.norm), y, s.T, hidden_, hidden_, eps_);
+            }
+            case Op::kScale: {
+                add_pending(s);
+                Scalar* y = data<Scalar>(s.y);
+                for (int64_t i = 0; i < s.T * hidden_; ++i)  // rounded, as the reference's product
+                    y[i] = static_cast<Scalar>(static_cast<float>(y[i]) * step.factor);
+                return;
+            }
+            case Op::kAdd:
+                s.y_pending = true;
+                return;
+        }
+    }
+
+    // h += y where an add is pending (rounded once, as eager adds)
+    void add_pending(Step& s) const {
+        if (!s.y_pending)
+            return;
+        Scalar* h = data<Scalar>(s.h);
+        const Scalar* y = data<Scalar>(s.y);
+        for (int64_t i = 0; i < s.T * hidden_; ++i)
+            h[i] = static_cast<Scalar>(static_cast<float>(h[i]) + static_cast<float>(y[i]));
+        s.y_pending = false;
+    }
 
     // out = the RMSNorm of h's rows, h first taking a pending y (its residual add, in the same pass)
     void norm(const torch::Tensor& weight, Step& s, Scalar* out) const {
@@ -287,12 +362,11 @@ private:
         }
     }
 
-    // rotary(q/k norms(qkv_proj(norm(h)))) into s.rotated (without rotary for a layer without
-    // one), h first taking the previous layer's pending y; the step's K/V stored into layer l's
-    // pages, head by head
-    void project(const Layer& w, int64_t l, Step& s) const {
+    // rotary(q/k norms(qkv_proj(x))) into s.rotated (without rotary for a layer without one); the
+    // step's K/V stored into layer l's pages, head by head
+    void project(const Layer& w, int64_t l, const torch::Tensor& x, Step& s) const {
         const int64_t T = s.T, qk_heads = heads_ + kv_heads_;
-        linear(w.qkv, block_input(w.input_norm, s), s.qkv);
+        linear(w.qkv, x, s.qkv);
         // q and k heads: [T, H + kvH, D] rows qkv_width() apart, or normed into contiguous rows
         const Scalar* qk = data<Scalar>(s.qkv);
         int64_t qk_stride = qkv_width();
@@ -331,8 +405,7 @@ private:
         s.v_layer = v_layer;
     }
 
-    // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer; then
-    // the block's output
+    // y = o_proj(attention of s.rotated's queries over the layer's pages), project's layer
     void attend(const Layer& w, Step& s) const {
         const tailrace::PagedAttention<Scalar> problem{
             data<Scalar>(s.rotated), (heads_ + kv_heads_) * dim_, s.k_layer, s.v_layer, data<Scalar>(s.attended), s.tables,
@@ -340,36 +413,6 @@ private:
             s.head_stride, w.window, softcap_, w.sinks.defined() ? data<Scalar>(w.sinks) : nullptr};
         tailrace::paged_attention(problem, s.rows);
         linear(w.o, s.attended, s.y);
-        block_output(w.attn_out_norm, s);
-    }
-
-    // The rows a block reads: h's RMSNorm by `weight` into s.x, or h itself where the block has no
-    // input norm (OLMo 2); h takes a pending y first either way (rounded once, as eager adds).
-    const torch::Tensor& block_input(const torch::Tensor& weight, Step& s) const {
-        if (weight.defined()) {
-            norm(weight, s, data<Scalar>(s.x));
-            return s.x;
-        }
-        if (s.y_pending) {
-            Scalar* h = data<Scalar>(s.h);
-            const Scalar* y = data<Scalar>(s.y);
-            for (int64_t i = 0; i < s.T * hidden_; ++i)
-                h[i] = static_cast<Scalar>(static_cast<float>(h[i]) + static_cast<float>(y[i]));
-            s.y_pending = false;
-        }
-        return s.h;
-    }
-
-    // y, a block's output, normed in place where the layer norms it (each row is read whole before
-    // it is written), times the residual multiplier (rounded, as the reference's product), pending
-    void block_output(const torch::Tensor& norm_weight, Step& s) const {
-        Scalar* y = data<Scalar>(s.y);
-        if (norm_weight.defined())
-            tailrace::rms_norm_rows(y, data<Scalar>(norm_weight), y, s.T, hidden_, hidden_, eps_);
-        if (residual_multiplier_ != 1.0f)
-            for (int64_t i = 0; i < s.T * hidden_; ++i)
-                y[i] = static_cast<Scalar>(static_cast<float>(y[i]) * residual_multiplier_);
-        s.y_pending = true;
     }
 
     // The step narrowed to the `wanted` rows: their residual rows, rotated queries and query rows,
@@ -390,10 +433,8 @@ private:
         s.T = R;
     }
 
-    // y = down_proj(act(gate) * up of gate_up_proj(the block's input)), or the experts' sum; then
-    // the block's output
-    void feed_forward(const Layer& w, Step& s) const {
-        const torch::Tensor& x = block_input(w.mlp_norm, s);
+    // y = down_proj(act(gate) * up of gate_up_proj(x)), or the experts' sum
+    void feed_forward(const Layer& w, const torch::Tensor& x, Step& s) const {
         if (w.router.packed.defined()) {
             experts(w, x, s);
         } else {
@@ -401,7 +442,6 @@ private:
             act_mul(data<Scalar>(s.gate_up), data<Scalar>(s.act), s.T, intermediate_);
             linear(w.down, s.act, s.y);
         }
-        block_output(w.ffn_out_norm, s);
     }
 
     // y = the mixture of experts over x's rows, llama.MoE.forward's ops and rounding points: each
@@ -540,7 +580,7 @@ private:
     int64_t hidden_, heads_, kv_heads_, dim_, intermediate_, moe_intermediate_;
     float eps_;
     Act act_;
-    float embedding_multiplier_, scale_, softcap_, residual_multiplier_, swiglu_alpha_, swiglu_limit_;
+    float embedding_multiplier_, scale_, softcap_, swiglu_alpha_, swiglu_limit_;
     tailrace::Routing routing_;  // its `experts` set by each layer
     std::vector<Layer> layers_;
     torch::Tensor embedding_, final_norm_;  // set_outer's
@@ -555,15 +595,14 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
     using Forward = DecoderForward<Scalar>;
     py::class_<Forward>(m, name, doc)
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const std::string&, double, double, double,
-                      double, double, double, int64_t, int64_t, bool, bool, bool>(),
+                      double, double, int64_t, int64_t, bool, bool, bool>(),
              py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"),
              py::arg("eps"), py::arg("act"), py::arg("embedding_multiplier"), py::arg("scale"), py::arg("softcap"),
-             py::arg("residual_multiplier"), py::arg("swiglu_alpha"), py::arg("swiglu_limit"),
+             py::arg("swiglu_alpha"), py::arg("swiglu_limit"),
              py::arg("moe_intermediate"), py::arg("experts_per_token"), py::arg("topk_first"),
              py::arg("normalize_topk"), py::arg("router_float32"))
-        .def("add_layer", &Forward::add_layer, py::arg("input_norm"), py::arg("qkv"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("o"), py::arg("mlp_norm"), py::arg("gate_up"), py::arg("down"),
-             py::arg("attn_out_norm"), py::arg("ffn_out_norm"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
+        .def("add_layer", &Forward::add_layer, py::arg("steps"), py::arg("qkv"), py::arg("q_norm"), py::arg("k_norm"),
+             py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
              py::arg("router"), py::arg("expert_gate_up"), py::arg("expert_down"))
         .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
              py::arg("rotary"), py::arg("final_norm"))

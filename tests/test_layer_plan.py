@@ -1,0 +1,79 @@
+"""A layer's steps per architecture (layer_plan.py), and the norms a layer gets from them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailrace.model.config import parse_model_config
+from tailrace.model.layer_plan import Step, layer_steps, norms_of
+from tailrace.model.llama import DecoderLayer, Module
+
+BASE = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 64}
+
+LLAMA = (Step("read", "input_layernorm"), Step("attention"), Step("add"),
+         Step("read", "post_attention_layernorm"), Step("feed_forward"), Step("add"))
+GEMMA = (Step("read", "input_layernorm"), Step("attention"), Step("norm_output", "post_attention_layernorm"),
+         Step("add"), Step("read", "pre_feedforward_layernorm"), Step("feed_forward"),
+         Step("norm_output", "post_feedforward_layernorm"), Step("add"))
+OLMO2 = (Step("read"), Step("attention"), Step("norm_output", "post_attention_layernorm"), Step("add"),
+         Step("read"), Step("feed_forward"), Step("norm_output", "post_feedforward_layernorm"), Step("add"))
+GRANITE = (Step("read", "input_layernorm"), Step("attention"), Step("scale", factor=0.25), Step("add"),
+           Step("read", "post_attention_layernorm"), Step("feed_forward"), Step("scale", factor=0.25), Step("add"))
+
+CASES = {
+    "llama": ({}, LLAMA),
+    "gemma3_text": ({"query_pre_attn_scalar": 32}, GEMMA),
+    "olmo2": ({}, OLMO2),
+    "granite": ({"residual_multiplier": 0.25}, GRANITE),
+}
+
+
+def config(model_type: str):
+    return parse_model_config({"model_type": model_type, **BASE, **CASES[model_type][0]})
+
+
+@pytest.mark.parametrize("model_type", CASES)
+def test_each_architecture_puts_its_norms_and_multiplier_in_its_steps(model_type):
+    assert layer_steps(config(model_type)) == CASES[model_type][1]
+
+
+@pytest.mark.parametrize("model_type, norms", [
+    ("llama", ["input_layernorm", "post_attention_layernorm"]),
+    ("gemma3_text", ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"]),
+    ("olmo2", ["post_attention_layernorm", "post_feedforward_layernorm"]),
+])
+def test_a_layer_has_the_norms_its_steps_apply_under_the_checkpoints_names(model_type, norms):
+    assert norms_of(layer_steps(config(model_type))) == norms
+    layer = DecoderLayer(config(model_type), 0, torch.float32)
+    assert sorted(name.removesuffix(".weight") for name, _ in layer.named_parameters() if "layernorm" in name) \
+        == sorted(norms)
+
+
+def test_the_per_module_layer_runs_the_steps_in_their_order():
+    """Gemma's sandwich by hand: each block's output normed before it joins the residual."""
+    layer = DecoderLayer(config("gemma3_text"), 0, torch.float32)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.copy_(torch.linspace(-0.5, 0.7, param.numel()).reshape(param.shape))
+    layer.self_attn, layer.mlp = Block(torch.randn(3, 64)), Block(torch.randn(3, 64))
+    h = torch.randn(3, 64)
+    got = layer(h, {}, None, None)
+    mid = h + layer.post_attention_layernorm(layer.self_attn.out)
+    assert torch.equal(layer.self_attn.seen, layer.input_layernorm(h))
+    assert torch.equal(layer.mlp.seen, layer.pre_feedforward_layernorm(mid))
+    assert torch.equal(got, mid + layer.post_feedforward_layernorm(layer.mlp.out))
+
+
+class Block(Module):
+    """A block that gives `out` and keeps the rows it was given."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        super().__init__()
+        self.out, self.seen = out, None
+
+    def forward(self, x: torch.Tensor, *_: object) -> torch.Tensor:
+        self.seen = x
+        return self.out
