@@ -104,6 +104,12 @@ def test_vllm_gets_the_model_limits_and_the_cpu_settings():
     assert server.model == EMBEDDED_MODEL and server.exact_length is True
 
 
+def test_vllm_draws_random_weights_only_for_a_directory_without_them():
+    assert "--load-format" not in vllm.launch(Path("/peers/vllm"), settings()).command
+    server = vllm.launch(Path("/peers/vllm"), settings(dummy_weights=True))
+    assert flag(server.command, "--load-format") == "dummy"
+
+
 def test_vllm_binds_compute_to_all_cores_but_one_by_itself_and_to_the_first_cores_otherwise(
         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
@@ -328,6 +334,41 @@ def test_a_written_shape_is_reused_and_rewritten_when_its_seed_changes(tmp_path:
     assert (directory / "model.safetensors").stat().st_mtime_ns == written
     shapes.write_shape(TINY, tmp_path, seed=1)
     assert json.loads((directory / shapes.STAMP).read_text())["seed"] == 1
+
+
+def test_a_shapes_config_directory_holds_its_config_and_tokenizer_and_no_weights(tmp_path: Path):
+    phi = shapes.SHAPES["phi-4-mini"]
+    directory = shapes.write_shape_config(phi, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["architectures"]) == (32, 3072,
+                                                                                             ["Phi3ForCausalLM"])
+    assert json.loads((directory / "tokenizer_config.json").read_text())["tokenizer_class"] == "GPT2Tokenizer"
+    assert not list(directory.glob("*.safetensors")) and not list(tmp_path.glob("*.partial"))
+    written = (directory / "config.json").stat().st_mtime_ns
+    assert shapes.write_shape_config(phi, tmp_path) == directory
+    assert (directory / "config.json").stat().st_mtime_ns == written
+
+
+def test_a_one_layer_shape_goes_to_llamacpp_as_its_gguf_and_to_vllm_as_random_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(llamacpp, "repeated_layer_gguf", lambda *args: tmp_path / "shape.gguf")
+    load = LoadConfig(concurrency=[1])
+
+    def model_dir(peers: list[str], peer_quant: str | None = None) -> str:
+        config = CompareConfig(load, peers=peers, shape="phi-4-mini", peer_quant=peer_quant)
+        return compare._model_dir(config, tmp_path)
+
+    assert model_dir([llamacpp.NAME, vllm.NAME]) == str(tmp_path / "shape.gguf")
+    monkeypatch.setattr(compare, "write_shape_config", lambda shape: tmp_path / f"{shape.name}-config")
+    config = CompareConfig(load, peers=[llamacpp.NAME, vllm.NAME], shape="phi-4-mini")
+    ours, llama, drawn = (compare.server_settings(config, name, "/shape.gguf")
+                          for name in (compare.OURS, llamacpp.NAME, vllm.NAME))
+    assert ours.model_dir == llama.model_dir == "/shape.gguf" and not ours.dummy_weights and not llama.dummy_weights
+    assert drawn.model_dir == str(tmp_path / "phi-4-mini-config") and drawn.dummy_weights
+    with pytest.raises(compare.BenchError, match="llamacpp reads and vllm draws at random"):
+        model_dir([transformers.NAME])
+    with pytest.raises(compare.BenchError, match="--peer-quant is llama.cpp's alone"):
+        model_dir([llamacpp.NAME, vllm.NAME], "Q4_0")
 
 
 def test_the_cli_takes_a_model_directory_or_a_shape_not_both(capsys: pytest.CaptureFixture[str]):

@@ -28,7 +28,7 @@ from tailrace.bench.report import format_comparison, format_level_line, summariz
 from tailrace.bench.serve import (BenchError, LoadConfig, Workload, calibrate, first_model, open_client, run_level,
                                   warm_up)
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
-from tailrace.bench.shapes import SHAPES, write_shape
+from tailrace.bench.shapes import SHAPES, write_shape, write_shape_config
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 
 OURS = "tailrace"
@@ -108,6 +108,15 @@ def peer_settings(config: CompareConfig, model_dir: str) -> PeerSettings:
                         dtype=config.dtype, quant=config.peer_quant, llamacpp_args=config.llamacpp_args)
 
 
+def server_settings(config: CompareConfig, name: str, model_dir: str) -> PeerSettings:
+    """peer_settings, except that vLLM serves a shape written as one layer from its config alone,
+    drawing random weights: it reads no GGUF of that layer repeated (see Shape.one_layer)."""
+    settings = peer_settings(config, model_dir)
+    if name == vllm.NAME and config.shape and SHAPES[config.shape].one_layer:
+        settings.model_dir, settings.dummy_weights = str(write_shape_config(SHAPES[config.shape])), True
+    return settings
+
+
 def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[LevelResult]]]:
     """(run metadata, levels by server name); prints each server's levels, then the ratio tables."""
     for name in config.peers:
@@ -121,7 +130,7 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
             servers: dict[str, dict[str, Any]] = {}
             cells: Cells | None = None
             for name in [OURS, *config.peers]:
-                settings = peer_settings(config, model_dir)
+                settings = server_settings(config, name, model_dir)
                 server = (ours_server(config, settings) if name == OURS
                           else PEERS[name].launch(config.peers_dir / name, settings))
                 load = _server_load(config.load, settings.port, server)
@@ -143,9 +152,12 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
 
 def _model_dir(config: CompareConfig, tmp: Path) -> str:
     if config.shape and SHAPES[config.shape].one_layer:
-        if config.peers != [llamacpp.NAME]:
-            raise BenchError(f"the {config.shape} shape is a GGUF of one repeated layer, which only llamacpp "
-                             f"reads of the peers (--peer llamacpp)")
+        if not set(config.peers) <= {llamacpp.NAME, vllm.NAME}:
+            raise BenchError(f"the {config.shape} shape is a GGUF of one repeated layer, which llamacpp reads and "
+                             f"vllm draws at random (--peer llamacpp, --peer vllm)")
+        if vllm.NAME in config.peers and config.peer_quant:
+            raise BenchError(f"vllm draws the {config.shape} shape's weights at --dtype; --peer-quant is "
+                             f"llama.cpp's alone")
         return str(llamacpp.repeated_layer_gguf(config.peers_dir / llamacpp.NAME, SHAPES[config.shape],
                                                 config.dtype, config.peer_quant))
     if config.shape:

@@ -45,7 +45,9 @@ class Shape:
     model_type: str = "llama"
     extra: dict[str, Any] = field(default_factory=dict)  # the architecture's own config fields
     # Too large to write in float (Qwen3-30B-A3B: 122 GB in float32): one layer is written and
-    # converted, and every server reads the GGUF that repeats its quantized layer (repeat_layer).
+    # converted, and tailrace and llama.cpp read the GGUF that repeats its quantized layer
+    # (repeat_layer); vLLM, which reads no such GGUF, draws its own random weights
+    # (write_shape_config).
     one_layer: bool = False
 
 
@@ -229,13 +231,33 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
 
     source = Path(tokenizer_dir)
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
-    padded = shape.model_type.startswith("gemma3")  # see pad_tokenizer
-    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": padded, "zero_rows": "embedding and head"})
+    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": _padded(shape), "zero_rows": "embedding and head"})
     directory = root / shape.name
     if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
         return directory
     print(f"writing the {shape.name} shape with random weights (seed {seed}) into {directory}", flush=True)
-    partial = root / f"{shape.name}.partial"
+    partial = _start_directory(shape, root / f"{shape.name}.partial", source, config)
+    weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
+    save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    return _finish_directory(partial, stamp, directory)
+
+
+def write_shape_config(shape: Shape, root: Path = SHAPES_DIR, tokenizer_dir: str = EMBEDDED_MODEL) -> Path:
+    """The directory of `shape` without weights (config.json and the tokenizer) under `root`, for a
+    server that draws its own random weights (vLLM's --load-format dummy): how vLLM serves a shape
+    written as one layer, which it cannot read from a GGUF."""
+    source = Path(tokenizer_dir)
+    config = shape_config(shape, json.loads((source / "config.json").read_text()))
+    stamp = json.dumps({"config": config, "weights": None})
+    directory = root / f"{shape.name}-config"
+    if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
+        return directory
+    partial = _start_directory(shape, root / f"{shape.name}-config.partial", source, config)
+    return _finish_directory(partial, stamp, directory)
+
+
+def _start_directory(shape: Shape, partial: Path, source: Path, config: dict[str, Any]) -> Path:
+    """An empty `partial` with the shape's config.json and the tokenizer files of `source`."""
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     for name in TOKENIZER_FILES:
@@ -243,11 +265,18 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     if shape.architecture == "Phi3ForCausalLM":  # llama.cpp converts a byte-level BPE Phi-3 (Phi-4's) by this class
         settings = json.loads((partial / "tokenizer_config.json").read_text())
         (partial / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
-    if padded:
+    if _padded(shape):
         pad_tokenizer(partial / "tokenizer.json", shape.vocab_size)
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
-    save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    return partial
+
+
+def _padded(shape: Shape) -> bool:
+    """Whether the shape's tokenizer lists a token for every embedding row (see pad_tokenizer)."""
+    return shape.model_type.startswith("gemma3")
+
+
+def _finish_directory(partial: Path, stamp: str, directory: Path) -> Path:
     (partial / STAMP).write_text(stamp)
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)  # only a whole directory counts as written

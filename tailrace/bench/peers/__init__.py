@@ -26,6 +26,7 @@ class PeerSettings:
     dtype: str = "float32"  # weights and activations: float32 or bfloat16
     quant: str | None = None  # llama.cpp only: Q8_0 or Q4_0; None serves the weights at `dtype`
     llamacpp_args: list[str] = field(default_factory=list)  # llama.cpp only: more llama-server flags
+    dummy_weights: bool = False  # vLLM only: model_dir holds no weights, it draws random ones
 
 
 @dataclass(slots=True)

@@ -59,7 +59,8 @@ def thread_binding(threads: int) -> str:
 def launch(directory: Path, settings: PeerSettings) -> PeerServer:
     command = [str(directory / "venv" / "bin" / "vllm"), "serve", settings.model_dir,
                "--host", "127.0.0.1", "--port", str(settings.port), "--dtype", settings.dtype,
-               "--max-model-len", str(settings.max_model_len), "--max-num-seqs", str(settings.max_num_seqs)]
+               "--max-model-len", str(settings.max_model_len), "--max-num-seqs", str(settings.max_num_seqs),
+               *(["--load-format", "dummy"] if settings.dummy_weights else [])]
     env = offline_env(VLLM_USE_AOT_COMPILE="0",
                       # whole GiB only; unset, it reserves a large share of RAM
                       VLLM_CPU_KVCACHE_SPACE=str(max(1, round(settings.kv_cache_gb))),
