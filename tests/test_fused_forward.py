@@ -169,6 +169,18 @@ def test_any_order_of_norms_and_multipliers_gives_the_per_module_bits(blocks, mo
     assert_one_call_gives_the_per_module_bits(model)
 
 
+@pytest.mark.parametrize("steps, message", [
+    ((Step("attention"), Step("add"), Step("read", "input_layernorm"), Step("feed_forward"), Step("add")),
+     "comes after a read"),
+    ((Step("read", "input_layernorm"), Step("attention"), Step("attention"), Step("add")), "attend once"),
+    ((Step("read"), Step("attention"), Step("norm_output"), Step("add")), "needs its norm"),
+])
+def test_the_one_call_refuses_steps_it_cannot_run(steps, message):
+    with mock.patch("tailrace.model.llama.layer_steps", return_value=steps):
+        with pytest.raises(RuntimeError, match=message):
+            random_model("llama")
+
+
 @pytest.mark.parametrize("quantization, tied, dtype", [
     (None, True, torch.bfloat16), (None, True, torch.float32),
     pytest.param("int4", False, torch.bfloat16, marks=needs_int_kernel),

@@ -99,8 +99,9 @@ class DecoderForward {
 public:
     // act: the MLPs' and experts' gate, "silu", "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss's, with
     // swiglu_alpha and swiglu_limit); embedding_multiplier: the embedding rows times it, rounded to
-    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none); moe_intermediate, experts_per_token and the routing's switches (kernels.h Routing): the
-    // mixture of experts' layers (0 experts a token: a dense model).
+    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none); moe_intermediate,
+    // experts_per_token and the routing's switches (kernels.h Routing): the mixture of experts'
+    // layers (0 experts a token: a dense model).
     DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
                    const std::string& act, double embedding_multiplier, double scale, double softcap,
                    double swiglu_alpha, double swiglu_limit, int64_t moe_intermediate,
@@ -128,9 +129,13 @@ public:
                    const std::vector<Buffers>& expert_down) {
         std::vector<LayerStep> layer_steps;
         int64_t attentions = 0;
+        bool read = false;
         for (const auto& [name, norm, factor] : steps) {
             const Op op = op_named(name);
             attentions += op == Op::kAttention;
+            read = read || op == Op::kRead;
+            TORCH_CHECK(read || (op != Op::kAttention && op != Op::kFeedForward),
+                        "a block reads x: a layer's first block comes after a read");
             TORCH_CHECK(op != Op::kNormOutput || norm, "norm_output needs its norm");
             TORCH_CHECK(op == Op::kRead || op == Op::kNormOutput || !norm, "only read and norm_output take a norm");
             if (norm)
