@@ -376,6 +376,14 @@ def test_the_cli_takes_a_model_directory_or_a_shape_not_both(capsys: pytest.Capt
     assert "not both" in capsys.readouterr().out
 
 
+def test_the_cli_passes_its_settings_to_the_comparison(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    seen = []
+    monkeypatch.setattr(compare, "run_compare", lambda config: (seen.append(config), ({}, {}))[1])
+    assert main(["bench", "compare", "--shape", "phi-4-mini", "--peer", "llamacpp", "--peer", "vllm",
+                 "--ready-timeout", "2400", "--out", str(tmp_path / "run.json")]) == 0
+    assert (seen[0].shape, seen[0].peers, seen[0].ready_timeout_s) == ("phi-4-mini", ["llamacpp", "vllm"], 2400.0)
+
+
 def test_the_cli_lists_every_peer_and_shape():
     assert set(cli.PEER_NAMES) == set(compare.PEERS)
     assert set(cli.SHAPE_NAMES) == set(shapes.SHAPES)

@@ -117,6 +117,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                               "llama.cpp and transformers, vLLM's auto binding, tailrace's measured choice)")
     compare.add_argument("--peers-dir", type=Path, default=None,
                          help="where the peers are installed (default: bench/.peers)")
+    compare.add_argument("--ready-timeout", type=float, default=900.0,
+                         help="longest wait for a server to be ready, s (default: 900; vLLM compiles its model "
+                              "at each start, over 15 minutes for a 4B model on two cores)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -175,7 +178,7 @@ def _compare(args: argparse.Namespace) -> int:
     config = CompareConfig(load=_load_config(args, endpoint=args.endpoint), peers=peers, model_dir=args.model,
                            shape=args.shape, threads=args.threads, dtype=args.dtype, peer_quant=args.peer_quant,
                            ours_args=args.ours_args, llamacpp_args=args.llamacpp_args,
-                           peers_dir=args.peers_dir or PEERS_DIR)
+                           peers_dir=args.peers_dir or PEERS_DIR, ready_timeout_s=args.ready_timeout)
     meta, runs = run_compare(config)
     model = args.shape or Path(args.model or "embedded").name
     _save(args, meta, runs, f"{model}: tailrace vs {', '.join(peers)}, {args.input_len} in / {args.output_len} out")
