@@ -231,7 +231,8 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
 
     source = Path(tokenizer_dir)
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
-    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": _padded(shape), "zero_rows": "embedding and head"})
+    stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": _padded(shape),
+                        "zero_rows": "embedding and head"})
     directory = root / shape.name
     if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
         return directory

@@ -89,7 +89,8 @@ class FusedForward:
         self._forward = forward(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                 config.head_dim, config.intermediate_size, config.rms_norm_eps, act=config.hidden_act,
                                 embedding_multiplier=config.embedding_multiplier, scale=config.attention_scale,
-                                softcap=config.attention_softcap or 0.0, swiglu_alpha=config.swiglu_alpha, swiglu_limit=config.swiglu_limit,
+                                softcap=config.attention_softcap or 0.0, swiglu_alpha=config.swiglu_alpha,
+                                swiglu_limit=config.swiglu_limit,
                                 moe_intermediate=config.moe_intermediate_size, experts_per_token=routing["top_k"],
                                 topk_first=routing["topk_first"], normalize_topk=routing["normalize"],
                                 router_float32=routing["float32_weights"])
@@ -103,7 +104,8 @@ class FusedForward:
                 steps=[(step.op, step.norm and getattr(layer, step.norm).weight, step.factor) for step in layer.steps],
                 qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm), k_norm=_weight(attn.k_norm),
                 o=_buffers(attn.o_proj), gate_up=[] if experts else _buffers(mlp.gate_up_proj),
-                down=[] if experts else _buffers(mlp.down_proj), rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
+                down=[] if experts else _buffers(mlp.down_proj),
+                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
                 sinks=attn.sinks, router=_buffers(mlp.gate) if experts else [],
                 expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
                 expert_down=[_buffers(expert.down_proj) for expert in experts])

@@ -236,10 +236,11 @@ public:
                   tailrace::query_rows(query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs, T),
                   h, rows(hidden_), rows(qkv_width()), rows(qk_width), rows(qk_width), rows(heads_ * dim_),
                   rows(hidden_), rows(2 * intermediate_), rows(intermediate_)};
-        for (size_t l = 0; l < layers_.size(); ++l)
+        for (size_t l = 0; l < layers_.size(); ++l) {
+            const torch::Tensor* kept = wanted && l + 1 == layers_.size() ? &*wanted : nullptr;
             for (const LayerStep& layer_step : layers_[l].steps)
-                run(layer_step, layers_[l], static_cast<int64_t>(l), wanted && l + 1 == layers_.size() ? &*wanted : nullptr,
-                    step);
+                run(layer_step, layers_[l], static_cast<int64_t>(l), kept, step);
+        }
         torch::Tensor out = torch::empty({step.T, hidden_}, row_options);
         norm(final_norm_, step, data<Scalar>(out));
         return out;
