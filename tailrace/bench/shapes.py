@@ -234,7 +234,7 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": _padded(shape),
                         "zero_rows": "embedding and head"})
     directory = root / shape.name
-    if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
+    if _written(directory, stamp):
         return directory
     print(f"writing the {shape.name} shape with random weights (seed {seed}) into {directory}", flush=True)
     partial = _start_directory(shape, root / f"{shape.name}.partial", source, config)
@@ -251,10 +251,15 @@ def write_shape_config(shape: Shape, root: Path = SHAPES_DIR, tokenizer_dir: str
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
     stamp = json.dumps({"config": config, "weights": None})
     directory = root / f"{shape.name}-config"
-    if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
+    if _written(directory, stamp):
         return directory
     partial = _start_directory(shape, root / f"{shape.name}-config.partial", source, config)
     return _finish_directory(partial, stamp, directory)
+
+
+def _written(directory: Path, stamp: str) -> bool:
+    """Whether `directory` was written whole with this stamp (see _finish_directory)."""
+    return (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp
 
 
 def _start_directory(shape: Shape, partial: Path, source: Path, config: dict[str, Any]) -> Path:
