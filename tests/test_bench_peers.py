@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from tailrace.bench import cli, compare, shapes
 from tailrace.bench.compare import CompareConfig, make_cells, ours_server, peer_settings
-from tailrace.bench.peers import PeerSettings, llamacpp, transformers, vllm
+from tailrace.bench.peers import PeerServer, PeerSettings, llamacpp, transformers, vllm
 from tailrace.bench.peers.install import is_installed, mark_installed, start_install
 from tailrace.bench.records import LevelResult, RequestRecord
 from tailrace.bench.report import format_comparison, summarize
@@ -382,6 +382,24 @@ def test_the_cli_passes_its_settings_to_the_comparison(monkeypatch: pytest.Monke
     assert main(["bench", "compare", "--shape", "phi-4-mini", "--peer", "llamacpp", "--peer", "vllm",
                  "--ready-timeout", "2400", "--out", str(tmp_path / "run.json")]) == 0
     assert (seen[0].shape, seen[0].peers, seen[0].ready_timeout_s) == ("phi-4-mini", ["llamacpp", "vllm"], 2400.0)
+    assert seen[0].log_dir == tmp_path / "run.logs"  # beside the JSON
+    assert main(["bench", "compare", "--log-dir", str(tmp_path / "logs")]) == 0
+    assert seen[1].log_dir == tmp_path / "logs"
+    assert main(["bench", "compare"]) == 0
+    assert seen[2].log_dir is None
+
+
+def test_a_server_that_fails_to_start_leaves_its_log_in_the_log_directory(tmp_path: Path):
+    import sys
+
+    from tailrace.bench.serve import BenchError
+
+    server = PeerServer(command=[sys.executable, "-c", "print('out of memory here'); raise SystemExit(3)"],
+                        env={}, model="m")
+    load = LoadConfig(concurrency=[1], num_prompts=1, base_url="http://127.0.0.1:9")
+    with pytest.raises(BenchError, match="out of memory here"):
+        compare._run_alone("vllm", server, load, None, tmp_path, ready_timeout_s=30)
+    assert "out of memory here" in (tmp_path / "vllm.log").read_text()
 
 
 def test_the_cli_lists_every_peer_and_shape():

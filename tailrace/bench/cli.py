@@ -120,6 +120,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--ready-timeout", type=float, default=900.0,
                          help="longest wait for a server to be ready, s (default: 900; vLLM compiles its model "
                               "at each start, over 15 minutes for a 4B model on two cores)")
+    compare.add_argument("--log-dir", type=Path, default=None,
+                         help="keep each server's log here, as NAME.log (default: beside --out, in OUT.logs/ "
+                              "for OUT.json; without --out, logs go with the run's temporary directory)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -178,7 +181,8 @@ def _compare(args: argparse.Namespace) -> int:
     config = CompareConfig(load=_load_config(args, endpoint=args.endpoint), peers=peers, model_dir=args.model,
                            shape=args.shape, threads=args.threads, dtype=args.dtype, peer_quant=args.peer_quant,
                            ours_args=args.ours_args, llamacpp_args=args.llamacpp_args,
-                           peers_dir=args.peers_dir or PEERS_DIR, ready_timeout_s=args.ready_timeout)
+                           peers_dir=args.peers_dir or PEERS_DIR, ready_timeout_s=args.ready_timeout,
+                           log_dir=args.log_dir or (Path(args.out).with_suffix(".logs") if args.out else None))
     meta, runs = run_compare(config)
     model = args.shape or Path(args.model or "embedded").name
     _save(args, meta, runs, f"{model}: tailrace vs {', '.join(peers)}, {args.input_len} in / {args.output_len} out")

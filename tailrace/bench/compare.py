@@ -50,6 +50,7 @@ class CompareConfig:
     llamacpp_args: list[str] = field(default_factory=list)  # more llama-server flags
     peers_dir: Path = PEERS_DIR
     ready_timeout_s: float = 900.0
+    log_dir: Path | None = None  # where each server's log is kept; None: a temporary directory, gone after
 
     @property
     def server_threads(self) -> int:
@@ -126,6 +127,8 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
     try:
         with tempfile.TemporaryDirectory(prefix="tailrace-compare-") as tmp:
             model_dir = _model_dir(config, Path(tmp))
+            log_dir = config.log_dir or Path(tmp)
+            log_dir.mkdir(parents=True, exist_ok=True)
             runs: dict[str, list[LevelResult]] = {}
             servers: dict[str, dict[str, Any]] = {}
             cells: Cells | None = None
@@ -134,7 +137,7 @@ def run_compare(config: CompareConfig) -> tuple[dict[str, Any], dict[str, list[L
                 server = (ours_server(config, settings) if name == OURS
                           else PEERS[name].launch(config.peers_dir / name, settings))
                 load = _server_load(config.load, settings.port, server)
-                runs[name], cells, servers[name] = _run_alone(name, server, load, cells, Path(tmp),
+                runs[name], cells, servers[name] = _run_alone(name, server, load, cells, log_dir,
                                                               config.ready_timeout_s)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -171,13 +174,13 @@ def _server_load(load: LoadConfig, port: int, server: PeerServer) -> LoadConfig:
                          "exact_length": server.exact_length, "extra_body": {**load.extra_body, **server.extra_body}})
 
 
-def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | None, tmp: Path,
+def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | None, log_dir: Path,
                ready_timeout_s: float) -> tuple[list[LevelResult], Cells, dict[str, Any]]:
     """Start one server, measure it at every level, stop it: (levels, cells, what it was)."""
     load_before = os.getloadavg()
     print(f"{name}: starting ({' '.join(server.command[:3])} ...); load average {_loads(load_before)}", flush=True)
     started = monotonic()
-    with ServerProcess(name, server.command, load.base_url, tmp / f"{name}.log", env=server.env) as process:
+    with ServerProcess(name, server.command, load.base_url, log_dir / f"{name}.log", env=server.env) as process:
         wait_ready([process], ready_timeout_s)
         ready_s = monotonic() - started
         print(f"{name}: ready after {ready_s:.0f} s", flush=True)

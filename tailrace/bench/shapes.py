@@ -15,12 +15,14 @@ into text: a stream of undecodable ids has no content to time.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tailrace.bench.disk import ensure_room
 from tailrace.engine.config import EMBEDDED_MODEL
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "bench" / ".shapes"
@@ -107,6 +109,8 @@ def repeat_layer(source: Path, layers: int, target: Path) -> None:
     arch = reader.fields["general.architecture"].contents()
     if reader.fields[f"{arch}.block_count"].contents() != 1:
         raise ValueError(f"{source} has more than one layer to repeat")
+    copies = {tensor.name: layers if tensor.name.startswith("blk.0.") else 1 for tensor in reader.tensors}
+    ensure_room(target, sum(t.data.nbytes * copies[t.name] for t in reader.tensors), target.name)
     writer = gguf.GGUFWriter(target, arch)
     for name, entry in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -116,9 +120,8 @@ def repeat_layer(source: Path, layers: int, target: Path) -> None:
         writer.add_key_value(name, value, entry.types[0], sub_type=entry.types[-1] if array else None)
     written = []
     for tensor in reader.tensors:
-        names = [tensor.name.replace("blk.0.", f"blk.{i}.", 1) for i in range(layers)] \
-            if tensor.name.startswith("blk.0.") else [tensor.name]
-        for name in names:
+        for i in range(copies[tensor.name]):
+            name = tensor.name.replace("blk.0.", f"blk.{i}.", 1)
             writer.add_tensor_info(name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
             written.append(tensor)
     writer.write_header_to_file()
@@ -236,6 +239,7 @@ def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_
     directory = root / shape.name
     if _written(directory, stamp):
         return directory
+    ensure_room(root, sum(4 * math.prod(size) for size in tensor_shapes(shape).values()), f"the {shape.name} shape")
     print(f"writing the {shape.name} shape with random weights (seed {seed}) into {directory}", flush=True)
     partial = _start_directory(shape, root / f"{shape.name}.partial", source, config)
     weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))

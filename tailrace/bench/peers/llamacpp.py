@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import tarfile
 from pathlib import Path
 
+from tailrace.bench.disk import ensure_room
 from tailrace.bench.peers import PeerServer, PeerSettings, offline_env
 from tailrace.bench.peers.install import is_installed, make_venv, mark_installed, start_install, step
 from tailrace.bench.shapes import Shape, layer_of, repeat_layer, write_shape
@@ -27,6 +29,7 @@ PINS = {"llama-cpp-python": VERSION, "convert": CONVERT_REQUIREMENTS}
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
+OUTTYPE_BYTES = {"f32": 4, "bf16": 2}
 QUANTS = ("Q8_0", "Q4_0")
 CONVERT_WRAPPER = Path(__file__).with_name("llamacpp_convert.py")
 # What converting takes from the tree (tests/e2e/test_architectures.py unpacks no more).
@@ -88,6 +91,17 @@ def gguf_path(directory: Path, model_dir: Path, kind: str) -> Path:
     return directory / "gguf" / f"{model_dir.name}-{model_key(model_dir)}-{kind}.gguf"
 
 
+def weight_count(model_dir: Path) -> int:
+    """How many numbers the safetensors files of `model_dir` hold (read from their headers)."""
+    from safetensors import safe_open
+
+    count = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(path, "pt") as weights:
+            count += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    return count
+
+
 def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None, pure: bool = False) -> Path:
     """The model as GGUF at `dtype`, quantized to `quant` from there when given (`pure`: every
     matrix, the output one too, which llama-quantize otherwise keeps at Q6_K); made once."""
@@ -96,6 +110,7 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None,
     if not converted.exists():
         converted.parent.mkdir(exist_ok=True)
         partial = converted.with_suffix(".partial")
+        ensure_room(partial, OUTTYPE_BYTES[outtype] * weight_count(model_dir), converted.name)
         step(NAME, f"converting {model_dir} to {converted.name}",
              convert_command(tree(directory), model_dir, outtype, partial,
                              directory / "convert-venv" / "bin" / "python"))
@@ -105,6 +120,7 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None,
     quantized = gguf_path(directory, model_dir, f"{outtype}-{quant}{'-pure' if pure else ''}")
     if not quantized.exists():
         partial = quantized.with_suffix(".partial")
+        ensure_room(partial, converted.stat().st_size, quantized.name)  # at most the unquantized file's size
         step(NAME, f"quantizing to {quant}",
              [str(binary(directory, "llama-quantize")), *(["--pure"] if pure else []), str(converted), str(partial),
               quant])
