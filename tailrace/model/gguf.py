@@ -86,7 +86,22 @@ def open_gguf(path: str) -> GGUFReader:
 
 @functools.lru_cache(maxsize=1)
 def _reader(path: str, mtime_ns: int) -> GGUFReader:
-    return GGUFReader(path)
+    return _PlainReader(path)
+
+
+class _PlainReader(GGUFReader):
+    """GGUFReader over a plain ndarray view of its memory map. The reader slices `data` a few times
+    per string, and every slice of an np.memmap runs memmap's __array_finalize__: Gemma 3's 262k
+    tokens took 18.4 s to parse so, 7.2 s over the same pages as a plain ndarray (Phi-4-mini's
+    vocabulary 13.8 s and 5.6 s). The tensors' arrays are views of the same mapping either way."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, mapped: np.memmap) -> None:
+        self._plain = mapped.view(np.ndarray)
 
 
 def release_pages(reader: GGUFReader) -> None:
@@ -270,8 +285,10 @@ def dequantize(tensor: ReaderTensor) -> torch.Tensor:
     if tensor.tensor_type not in DEQUANTIZED_TYPES:
         supported = ", ".join(t.name for t in DEQUANTIZED_TYPES)
         raise ValueError(f"{tensor.name}: unsupported GGUF tensor type {tensor.tensor_type.name}; supported: {supported}")
-    values = dequantize_blocks(tensor.data, tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if tensor.tensor_type == Q.BF16:  # gguf's own goes row group by row group: 12 s of Gemma 3's 2 GB
+        return torch.from_numpy(np.array(tensor.data).view(np.int16)).view(torch.bfloat16).float().reshape(shape)
+    values = dequantize_blocks(tensor.data, tensor.tensor_type)
     return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
 
 
