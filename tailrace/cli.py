@@ -230,17 +230,25 @@ class ServerSetup:
     server: ServerConfig
 
 
-def server_setup(args: argparse.Namespace) -> ServerSetup:
-    """The engine config, tokenizer and server config the serve flags ask for; ValueError names a bad one."""
+def checked_engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine config the serve flags ask for, every flag checked (the limits too) and nothing
+    loaded; ValueError names a bad one."""
+    args.model = _one_model(args)
+    config = engine_config_from(args)
+    config.validate()
+    limits_from(args).validate()
+    return config
+
+
+def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -> ServerSetup:
+    """The engine config (`config` when already checked), tokenizer and server config the serve
+    flags ask for; ValueError names a bad one."""
     from tailrace.api.app import ServerConfig
     from tailrace.model.hub import served_name
     from tailrace.tokenizer import load_tokenizer, read_chat_template
 
-    args.model = _one_model(args)
-    config = engine_config_from(args)
+    config = config or checked_engine_config(args)
     limits = limits_from(args)
-    config.validate()
-    limits.validate()
     sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
     chat_template = None if args.chat_template is None else read_chat_template(args.chat_template)
     tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
@@ -259,16 +267,31 @@ async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tailrace.api.app import build_app
-    from tailrace.api.server import run_server
-    from tailrace.engine.client import EngineClient
+    from tailrace.api.server import listen, run_server
+    from tailrace.engine.client import EngineClient, start_core
 
     try:
-        setup = server_setup(args)
+        config = checked_engine_config(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    config, name = setup.engine, setup.server.served_model_name
-    engine = EngineClient(config, setup.tokenizer)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, os.strerror(exc.errno) if exc.errno else exc)
+        return 1
+    # The model loads in the core process while the tokenizer loads here: a GGUF's vocabulary takes
+    # seconds to parse, on each side.
+    core = start_core(config)
+    try:
+        setup = server_setup(args, config)
+    except ValueError as exc:
+        core.stop()
+        sock.close()
+        log.error("%s", exc)
+        return 2
+    name = setup.server.served_model_name
+    engine = EngineClient(config, setup.tokenizer, core)
     app = build_app(engine, setup.server)
 
     def log_ready() -> None:
@@ -283,7 +306,7 @@ async def serve(args: argparse.Namespace) -> int:
                                            log_level=args.uvicorn_log_level or args.log_level,
                                            access_log=args.access_log,
                                            timeout_graceful_shutdown=args.graceful_shutdown_timeout),
-                            engine, on_ready=log_ready)
+                            sock, engine, on_ready=log_ready)
 
 
 if __name__ == "__main__":

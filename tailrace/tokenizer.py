@@ -173,7 +173,10 @@ def tokenizer_json(path: str) -> str:
 
 def _load_hf_tokenizer(path: str) -> Tokenizer:
     root = Path(path)
-    hf = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+    try:
+        hf = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
+    except Exception as exc:  # the tokenizers library raises a bare Exception
+        raise ValueError(f"{root / 'tokenizer.json'} is not a readable tokenizer: {exc}") from exc
     config = _read_json(root / "tokenizer_config.json")
 
     def token_id(key: str) -> int | None:

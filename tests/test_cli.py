@@ -2,10 +2,13 @@
 flag or value stops it at once with the `serve` usage."""
 
 import argparse
+import shutil
 
 import pytest
 
 from tailrace.cli import _one_model, build_parser, chat_options_from, engine_config_from, main
+from tailrace.engine.client import start_core as START_CORE
+from tailrace.engine.config import EMBEDDED_MODEL
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -133,6 +136,21 @@ def test_an_unknown_bench_flag_prints_that_subcommands_usage(capsys):
 def test_serve_exits_2_on_two_models(caplog):
     assert main(["serve", "/models/a", "--model", "/models/b"]) == 2
     assert "two models" in caplog.text
+
+
+def test_a_tokenizer_that_cannot_load_stops_the_core_started_beside_it(tmp_path, caplog, monkeypatch):
+    """serve starts the engine core before it loads the tokenizer (both take seconds on a GGUF): a
+    tokenizer that fails ends the core too, with one line and exit 2."""
+    from tailrace.engine import client
+
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED_MODEL, model, ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
+    (model / "tokenizer.json").write_text('{"broken')
+    started = []
+    monkeypatch.setattr(client, "start_core", lambda config: started.append(START_CORE(config)) or started[0])
+    assert main(["serve", str(model), "--port", "0"]) == 2
+    assert "tokenizer.json is not a readable tokenizer" in caplog.text
+    assert len(started) == 1 and not started[0].worker.is_alive() and started[0].conn.closed
 
 
 def test_ready_line_names_where_the_model_came_from(tmp_path):

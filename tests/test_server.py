@@ -1,18 +1,17 @@
-"""The listening socket run_server makes for uvicorn."""
+"""The listening socket `tailrace serve` makes before the model loads (api/server.listen)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-import uvicorn
 
-from tailrace.api.server import _listen
+from tailrace.api.server import listen
 
 
 def test_accepted_connections_have_nagle_off() -> None:
     """A response written as headers then body must not wait for the client's delayed ACK."""
-    sock = _listen(uvicorn.Config(app=None, host="127.0.0.1", port=0))
+    sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     seen: asyncio.Future = None
 
@@ -35,11 +34,11 @@ def test_accepted_connections_have_nagle_off() -> None:
 
 
 def test_a_taken_port_is_an_error_and_leaks_no_socket() -> None:
-    holder = _listen(uvicorn.Config(app=None, host="127.0.0.1", port=0))
+    holder = listen("127.0.0.1", 0)
     try:
         taken = holder.getsockname()[1]
         try:
-            _listen(uvicorn.Config(app=None, host="127.0.0.1", port=taken))
+            listen("127.0.0.1", taken)
         except OSError as exc:
             assert exc.errno is not None
         else:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -77,17 +76,13 @@ class GracefulServer(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
-async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Callable[[], None]) -> int:
-    """Serve until a signal stops the server (0) or the port is taken, or the engine cannot start or
-    dies (1).
+async def run_server(config: uvicorn.Config, sock: socket.socket, engine: EngineClient,
+                     on_ready: Callable[[], None]) -> int:
+    """Serve on `sock` (see listen) until a signal stops the server (0), or the engine cannot start
+    or dies (1).
 
     The server listens while the model loads (/health answers 503 until it is ready).
     """
-    try:
-        sock = _listen(config)
-    except OSError as exc:  # before the model loads: one line, not uvicorn's exit from inside a task
-        log.error("cannot listen on %s:%d: %s", config.host, config.port, os.strerror(exc.errno) if exc.errno else exc)
-        return 1
     server = GracefulServer(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     launch = asyncio.create_task(engine.launch())
@@ -114,19 +109,20 @@ async def run_server(config: uvicorn.Config, engine: EngineClient, on_ready: Cal
     return await _stop(server, serving, engine, code=1)
 
 
-def _listen(config: uvicorn.Config) -> socket.socket:
-    """The listening socket, made before the model loads so the port is ours (and /health answers).
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """The listening socket, made before the model loads so the port is ours (and /health answers),
+    or OSError: a taken port is then one line from the caller, not uvicorn's exit from inside a task.
 
     Its protocol is named (IPPROTO_TCP, not 0): asyncio turns Nagle off on an accepted connection
     only when the socket says it is TCP. With Nagle on, a response written in two parts (headers,
     then body) waits for the client's delayed ACK, 40 ms per request on a kept-alive connection.
     """
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((config.host, config.port))
-        sock.listen(config.backlog)
+        sock.bind((host, port))
+        sock.listen(backlog)
     except OSError:
         sock.close()
         raise

@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from tailrace.engine.config import EngineConfig
@@ -46,10 +47,43 @@ class RequestFailedError(RuntimeError):
     """Processing this one request's output failed; the other requests carry on."""
 
 
-class EngineClient:
-    """Start with `await EngineClient.start(config)`; one per server."""
+@dataclass(slots=True)
+class Core:
+    """A started engine core: the process (or, in process, the thread) and our end of its pipe."""
 
-    def __init__(self, config: EngineConfig, tokenizer: Tokenizer) -> None:
+    worker: multiprocessing.process.BaseProcess | threading.Thread
+    conn: Connection
+
+    def stop(self) -> None:
+        """Stop a core that no client took over (it is still loading its model: nothing to save)."""
+        self.conn.close()
+        if isinstance(self.worker, multiprocessing.process.BaseProcess):
+            self.worker.kill()
+            self.worker.join()
+
+
+def start_core(config: EngineConfig) -> Core:
+    """Start the engine core, which loads the model and then says it is ready; returns at once, so
+    the caller can load the tokenizer meanwhile (a GGUF's vocabulary takes seconds to parse)."""
+    conn, child = multiprocessing.Pipe()
+    if config.in_process:
+        worker: multiprocessing.process.BaseProcess | threading.Thread = threading.Thread(
+            target=run_core, args=(config, child), daemon=True)
+        worker.start()
+    else:
+        worker = multiprocessing.get_context("spawn").Process(
+            target=run_core_process, args=(config, child, logging.getLogger().getEffectiveLevel()),
+            daemon=True, name="tailrace-engine-core")
+        worker.start()
+        child.close()  # so the pipe reports EOF when the core process dies
+    return Core(worker, conn)
+
+
+class EngineClient:
+    """Start with `await EngineClient.start(config)`; one per server. Given a `core` already
+    started on the same config (start_core), `launch` waits for that one."""
+
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, core: Core | None = None) -> None:
         self.config = config
         self.model_path = config.model_path
         self.tokenizer = tokenizer
@@ -58,6 +92,7 @@ class EngineClient:
         self._processor = OutputProcessor(tokenizer)
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats = EngineStats()
+        self._core = core
         self._conn: Connection | None = None
         self._worker: multiprocessing.process.BaseProcess | threading.Thread | None = None
         self._ready = asyncio.Event()
@@ -72,19 +107,12 @@ class EngineClient:
         return client
 
     async def launch(self) -> None:
-        """Start the core and wait until its model is loaded; EngineDeadError if it cannot start."""
-        conn, child = multiprocessing.Pipe()
-        if self.config.in_process:
-            self._worker = threading.Thread(target=run_core, args=(self.config, child), daemon=True)
-            self._worker.start()
-        else:
-            self._worker = multiprocessing.get_context("spawn").Process(
-                target=run_core_process, args=(self.config, child, logging.getLogger().getEffectiveLevel()),
-                daemon=True, name="tailrace-engine-core")
-            self._worker.start()
-            child.close()  # so the pipe reports EOF when the core process dies
-        self._conn = conn
-        asyncio.get_running_loop().add_reader(conn.fileno(), self._on_readable)
+        """Start the core (unless it was given) and wait until its model is loaded; EngineDeadError
+        if it cannot start."""
+        core = self._core or start_core(self.config)
+        self._core = None
+        self._worker, self._conn = core.worker, core.conn
+        asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_readable)
         await self._ready.wait()
         if self._dead_reason is not None:
             raise EngineDeadError(self._dead_reason)
@@ -196,6 +224,9 @@ class EngineClient:
         self._ready.set()
 
     async def shutdown(self) -> None:
+        if self._core is not None:  # given and never launched
+            self._core.stop()
+            self._core = None
         if self._conn is None:
             return
         if self._dead_reason is None:
