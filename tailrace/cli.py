@@ -34,8 +34,9 @@ log = logging.getLogger("tailrace")
 _ENGINE_FLAGS = {
     "dtype": (dtype_name, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
                           "bfloat16, float16 (vLLM's half and float are the same)"),
-    "quantization": (str, "weight-only quantization at load: int8 (per channel) or int4 (groups of 32) "
-                          "(default: none)"),
+    "quantization": (str, "weight-only quantization at load: int8 (per channel) or int4 (groups of 32), or "
+                          "none for float weights (default: the checkpoint's own: a quantized GGUF stays "
+                          "quantized on CPU, its blocks as stored and other quantized types as int8)"),
     "load_format": (str, "auto (safetensors) or dummy (random weights from config.json)"),
     "device": (device_name, "auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N"),
     "attention": (str, "KV cache layout: auto (slab on CPU, paged on CUDA), slab or paged"),
@@ -55,7 +56,7 @@ _ENGINE_FLAGS = {
 }
 
 
-_ENGINE_CHOICES = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "load_format": LOAD_FORMATS,
+_ENGINE_CHOICES = {"dtype": DTYPES, "quantization": (*QUANTIZATIONS, "none"), "load_format": LOAD_FORMATS,
                    "attention": ATTENTION_BACKENDS}
 
 

@@ -371,6 +371,16 @@ def test_a_one_layer_shape_goes_to_llamacpp_as_its_gguf_and_to_vllm_as_random_we
         model_dir([llamacpp.NAME, vllm.NAME], "Q4_0")
 
 
+def test_a_gguf_file_is_served_as_it_is_by_tailrace_and_llamacpp_alone(tmp_path: Path):
+    gguf = tmp_path / "model-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF")
+    load = LoadConfig(concurrency=[1])
+    assert compare._model_dir(CompareConfig(load, peers=[llamacpp.NAME], model_dir=str(gguf)), tmp_path) == str(gguf)
+    for peers, quant in (([transformers.NAME], None), ([llamacpp.NAME, vllm.NAME], None), ([llamacpp.NAME], "Q4_0")):
+        with pytest.raises(compare.BenchError, match="tailrace and llamacpp serve as it is"):
+            compare._model_dir(CompareConfig(load, peers=peers, model_dir=str(gguf), peer_quant=quant), tmp_path)
+
+
 def test_the_cli_takes_a_model_directory_or_a_shape_not_both(capsys: pytest.CaptureFixture[str]):
     assert main(["bench", "compare", EMBEDDED_MODEL, "--shape", "smollm2-135m"]) == 2
     assert "not both" in capsys.readouterr().out

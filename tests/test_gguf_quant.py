@@ -163,6 +163,24 @@ def test_quantized_load_of_a_gguf_takes_the_files_codes(tmp_path) -> None:
     assert all(torch.equal(loaded[name], buffer) for name, buffer in expected.named_buffers())
 
 
+def test_a_quantized_gguf_is_served_from_its_blocks_unless_floats_are_asked_for(tmp_path) -> None:
+    """No --quantization: the file's own (loader.resolve_quantization), the engine's model the one
+    `--quantization int8` loads; `none` loads floats."""
+    from tailrace import LLM, SamplingParams
+
+    path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q4_0))
+    unasked, int8, floats = (LLM(path, threads=1, **extra) for extra in ({}, {"quantization": "int8"},
+                                                                          {"quantization": "none"}))
+    models = [llm.core.runner.model for llm in (unasked, int8, floats)]
+    ours, theirs = models[0].state_dict(), models[1].state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
+    sizes = [sum(t.nbytes for t in model.state_dict().values()) for model in models]
+    assert sizes[0] == sizes[1] < 0.6 * sizes[2]  # the embedding table is float in all three
+    params = SamplingParams(max_tokens=8, temperature=0)
+    assert [o.outputs[0].token_ids for o in unasked.generate(["Once upon a time"], params)] == \
+        [o.outputs[0].token_ids for o in int8.generate(["Once upon a time"], params)]
+
+
 def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monkeypatch) -> None:
     """The projections built from blocks leave their float weights unread (what lets a file larger
     than its float weights load), and the model is the one a float load then use_gguf_blocks makes."""

@@ -169,3 +169,18 @@ def test_quantized_gpt_oss_takes_its_mxfp4_experts_as_they_are(tmp_path):
                 # the activations' int8 codes and the bfloat16 output round: well within a percent
                 assert (projection(x).float() - expected).norm() <= 1e-2 * expected.norm(), name
     assert isinstance(model.model.layers[0].self_attn.qkv_proj, IntLinear)
+
+
+def test_a_gguf_stored_quantized_stays_quantized_on_cpu_unless_floats_are_asked_for(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+    from gguf_writer import write_gguf
+
+    from tailrace.engine.config import EMBEDDED_MODEL
+
+    quantized, floats = str(write_gguf(tmp_path / "q.gguf", Q.Q8_0)), str(write_gguf(tmp_path / "f.gguf", Q.F16))
+    assert loader.resolve_quantization(None, quantized, "cpu") == "int8"
+    assert loader.resolve_quantization(None, floats, "cpu") is None
+    assert loader.resolve_quantization(None, quantized, "cuda") is None  # tailrace's integer kernels are CPU ones
+    assert loader.resolve_quantization(None, EMBEDDED_MODEL, "cpu") is None
+    assert loader.resolve_quantization("int4", floats, "cpu") == "int4"
+    assert loader.resolve_quantization("none", quantized, "cpu") is None

@@ -30,6 +30,7 @@ from tailrace.bench.serve import (BenchError, LoadConfig, Workload, calibrate, f
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.shapes import SHAPES, write_shape, write_shape_config
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
+from tailrace.model.hub import is_gguf
 
 OURS = "tailrace"
 PEERS = {peer.NAME: peer for peer in (transformers, vllm, llamacpp)}
@@ -166,6 +167,11 @@ def _model_dir(config: CompareConfig, tmp: Path) -> str:
     if config.shape:
         return str(write_shape(SHAPES[config.shape]))  # ours, written once: nothing changes it
     source = config.model_dir or EMBEDDED_MODEL
+    if is_gguf(source):  # a file people download, served as it is
+        if set(config.peers) - {llamacpp.NAME} or config.peer_quant:
+            raise BenchError(f"{source} is a GGUF file, which tailrace and llamacpp serve as it is (--peer llamacpp, "
+                             f"no --peer-quant)")
+        return source
     return snapshot(source, tmp / Path(source).name)
 
 

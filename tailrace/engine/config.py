@@ -17,7 +17,9 @@ class EngineConfig:
     model: str | None = None  # a directory, a .gguf file or a hub id (model/hub.py); None: the embedded tiny model
     revision: str | None = None  # of a hub id: a branch, tag or commit (default: main)
     dtype: str = "auto"
-    quantization: str | None = None  # "int8" / "int4": weight-only, quantized at load (model/quant.py)
+    # "int8" / "int4": weight-only, quantized at load (model/quant.py); "none": float weights; None:
+    # the checkpoint's own (loader.resolve_quantization: a quantized GGUF stays quantized on CPU)
+    quantization: str | None = None
     load_format: str = "auto"  # "dummy": random weights from config.json alone
     device: str = "auto"  # cuda when a GPU is visible, else cpu
     attention: str = "auto"  # the KV layout: "slab" on CPU, "paged" (block tables) on CUDA

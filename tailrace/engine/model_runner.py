@@ -9,6 +9,7 @@ work by the time it returns.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -30,9 +31,11 @@ from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import cpu_ops
 from tailrace.model.attention import KVCache, plain_attention
-from tailrace.model.loader import load_model
+from tailrace.model.loader import load_model, resolve_quantization
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.outputs import TokenLogprob
+
+log = logging.getLogger("tailrace.engine")
 
 if TYPE_CHECKING:
     from tailrace.engine.tp_workers import TensorParallel
@@ -90,12 +93,16 @@ class ModelRunner:
         sized_by_gpu = (self.device.type == "cuda" and config.gpu_memory_utilization is not None
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
+        quantization = resolve_quantization(config.quantization, config.model_path, str(self.device))
+        if quantization is not None and config.quantization is None:
+            log.info("the GGUF file's quantized weights load as they are, the rest as int8 (--quantization none "
+                     "loads them all as floats)")
         self.model, self.model_config = load_model(
             config.model_path, dtype=config.dtype, load_format=config.load_format,
-            device=str(self.device), seed=config.seed, quantization=config.quantization,
+            device=str(self.device), seed=config.seed, quantization=quantization,
             shard=None if tp is None else tp.shard, max_model_len=config.max_model_len,
         )
-        cpu_ops.prepare(self.model, self.device, config.quantization)
+        cpu_ops.prepare(self.model, self.device, quantization)
         plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
                     for layer in self.model.model.layers)
         self.attention = resolve_attention(config.attention, str(self.device), plain)

@@ -28,6 +28,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
 PERMUTED_ARCHITECTURES = ("llama", "smollm3", "granite")
+_FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                      Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 
@@ -129,6 +130,13 @@ def metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
         # so a model reads the same config from its GGUF as from its config.json.
         return float(str(np.float32(value)))
     return value
+
+
+def stores_quantized_projections(reader: GGUFReader) -> bool:
+    """Whether a matrix other than the embedding table is stored in a quantized type (Q4_K_M's,
+    Q8_0's), not as floats."""
+    return any(len(t.shape) >= 2 and t.name != "token_embd.weight" and t.tensor_type not in _FLOAT_TYPES
+               for t in reader.tensors)
 
 
 def architecture(reader: GGUFReader) -> str:
