@@ -81,7 +81,7 @@ def test_greedy_tokens_are_the_checkpoints(f32_gguf):
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_quantized_weights_load_within_the_formats_error(tmp_path, qtype):
-    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)))
+    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)), dtype="float32")  # the values as stored
     theirs, _ = load_model(str(EMBEDDED))
     for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         if a.dim() == 2:
@@ -90,9 +90,16 @@ def test_quantized_weights_load_within_the_formats_error(tmp_path, qtype):
             assert ((blocks_a - blocks_b).abs() <= bound).all(), name
 
 
+@pytest.mark.parametrize(("qtype", "stored"), [(Q.F32, "float32"), (Q.F16, "float16"), (Q.BF16, "bfloat16"),
+                                              (Q.Q8_0, "bfloat16"), (Q.Q4_0, "bfloat16")])
+def test_the_config_names_the_dtype_the_matrices_are_stored_in(tmp_path, qtype, stored):
+    """What --dtype auto reads (loader.resolve_dtype): quantized files come from 16-bit models."""
+    assert load_model_config(str(write_gguf(tmp_path / "tiny.gguf", qtype))).torch_dtype == stored
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
 def test_half_precision_weights_load_within_their_rounding(tmp_path, qtype):
-    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)))
+    ours, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", qtype)), dtype="float32")  # the values as stored
     theirs, _ = load_model(str(EMBEDDED))
     rounding = 2.0 ** -11 if qtype == Q.F16 else 2.0 ** -8
     for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):

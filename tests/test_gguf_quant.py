@@ -130,7 +130,7 @@ def test_mxfp4_returns_none_without_tailraces_kernel(monkeypatch) -> None:
 def tiny_gguf(request, tmp_path_factory) -> tuple[dict[str, torch.nn.Module], dict[str, torch.nn.Module], list[str]]:
     """The embedded model's GGUF: (the dequantizing loader's projections, the block-built ones, replaced names)."""
     path = str(write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", request.param))
-    model, _ = load_model(path)
+    model, _ = load_model(path, dtype="float32")
     floats = {name: module for name, module in model.named_modules() if isinstance(module, Linear)}
     embedding = model.model.embed_tokens.weight.detach().clone()
     floats["lm_head"] = lambda x: F.linear(x, embedding)
@@ -169,8 +169,8 @@ def test_a_quantized_gguf_is_served_from_its_blocks_unless_floats_are_asked_for(
     from tailrace import LLM, SamplingParams
 
     path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q4_0))
-    unasked, int8, floats = (LLM(path, threads=1, **extra) for extra in ({}, {"quantization": "int8"},
-                                                                          {"quantization": "none"}))
+    unasked, int8, floats = (LLM(path, threads=1, dtype="float32", **extra)
+                             for extra in ({}, {"quantization": "int8"}, {"quantization": "none"}))
     models = [llm.core.runner.model for llm in (unasked, int8, floats)]
     ours, theirs = models[0].state_dict(), models[1].state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
@@ -208,8 +208,8 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
     save_checkpoint(tmp_path / "moe", "qwen3_moe")
     path = tmp_path / "moe-q8_0.gguf"
     subprocess.run(convert_command(converter, tmp_path / "moe", "q8_0", path), check=True, capture_output=True)
-    model, config = load_model(str(path), quantization="int8")
-    floats, _ = load_model(str(path))
+    model, config = load_model(str(path), dtype="float32", quantization="int8")
+    floats, _ = load_model(str(path), dtype="float32")
     reader = GGUFReader(str(path))
     down = next(t for t in reader.tensors if t.name == "blk.1.ffn_down_exps.weight")
     assert down.tensor_type == Q.Q8_0

