@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tailrace")
 
 _ENGINE_FLAGS = {
-    "dtype": (dtype_name, "weights and compute dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+    "dtype": (dtype_name, "weights and compute dtype: auto (bfloat16 on CUDA; on CPU bfloat16 for a "
+                          "16-bit checkpoint where the CPU computes it fast, else float32), float32, "
                           "bfloat16, float16 (vLLM's half and float are the same)"),
     "quantization": (str, "weight-only quantization at load: int8 (per channel) or int4 (groups of 32), or "
                           "none for float weights (default: the checkpoint's own: a quantized GGUF stays "

@@ -103,9 +103,9 @@ def write_gguf(path: Path, qtype: Q = Q.F32, vocab: Vocab | None = None, source:
             values = llama_permute(values, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             values = llama_permute(values, kv_heads)
-        _add_tensor(writer, gguf_name(name), values.astype(np.float32), qtype if values.ndim == 2 else Q.F32)
+        add_tensor(writer, gguf_name(name), values.astype(np.float32), qtype if values.ndim == 2 else Q.F32)
     for name, values in (extra_tensors or {}).items():
-        _add_tensor(writer, name, values, Q.F32)
+        add_tensor(writer, name, values, Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -113,7 +113,7 @@ def write_gguf(path: Path, qtype: Q = Q.F32, vocab: Vocab | None = None, source:
     return path
 
 
-def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
+def add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
     if qtype in (Q.F32, Q.F16):
         writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
     else:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf_writer import EMBEDDED, llama_permute, write_gguf
+from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf
 
 from tailrace import LLM, SamplingParams
 from tailrace.model.config import load_model_config
-from tailrace.model.gguf import dequantize, open_gguf, unpermute_rotary
+from tailrace.model.gguf import dequantize, open_gguf, stores_projections_quantized, unpermute_rotary
 from tailrace.model.loader import load_model
 
 PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]
@@ -95,6 +95,24 @@ def test_quantized_weights_load_within_the_formats_error(tmp_path, qtype):
 def test_the_config_names_the_dtype_the_matrices_are_stored_in(tmp_path, qtype, stored):
     """What --dtype auto reads (loader.resolve_dtype): quantized files come from 16-bit models."""
     assert load_model_config(str(write_gguf(tmp_path / "tiny.gguf", qtype))).torch_dtype == stored
+
+
+@pytest.mark.parametrize(("types", "quantized"), [
+    ({"blk.0.attn_q.weight": Q.Q8_0, "blk.0.ffn_gate_inp.weight": Q.F32}, True),  # a float router is no projection
+    ({"blk.0.attn_q.weight": Q.Q8_0, "blk.0.attn_k.weight": Q.F16}, False),  # one float projection
+    ({"blk.0.attn_q.weight": Q.F32}, False),
+    ({}, False),  # the embedding table alone
+])
+def test_a_file_stores_its_projections_quantized_when_every_one_is(tmp_path, types, quantized):
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, qtype in {"token_embd.weight": Q.Q8_0, "output_norm.weight": Q.F32, **types}.items():
+        add_tensor(writer, name, np.zeros(64 if name.endswith("norm.weight") else (4, 64), np.float32), qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert stores_projections_quantized(gguf.GGUFReader(path)) is quantized
 
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])

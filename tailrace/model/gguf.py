@@ -132,11 +132,13 @@ def metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
     return value
 
 
-def stores_quantized_projections(reader: GGUFReader) -> bool:
-    """Whether a matrix other than the embedding table is stored in a quantized type (Q4_K_M's,
-    Q8_0's), not as floats."""
-    return any(len(t.shape) >= 2 and t.name != "token_embd.weight" and t.tensor_type not in _FLOAT_TYPES
-               for t in reader.tensors)
+def stores_projections_quantized(reader: GGUFReader) -> bool:
+    """Whether every projection matrix is stored in a quantized type (Q4_K_M's, Q8_0's,
+    MXFP4_MOE's), not as floats. The embedding table and the experts' routers (which llama.cpp
+    keeps in float32, and tailrace never quantizes) do not count."""
+    projections = [t for t in reader.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"
+                   and not t.name.endswith("ffn_gate_inp.weight")]
+    return bool(projections) and all(t.tensor_type not in _FLOAT_TYPES for t in projections)
 
 
 def architecture(reader: GGUFReader) -> str:

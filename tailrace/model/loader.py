@@ -101,15 +101,17 @@ def load_model(
 
 def resolve_quantization(quantization: str | None, path: str, device: str) -> str | None:
     """`quantization` as asked ("none": float weights), or unasked, the checkpoint's own: a GGUF
-    file whose matrices are stored quantized loads quantized on CPU, as llama.cpp and vLLM keep
-    it. Its blocks go to the kernel as they are where they map (gguf_quant: Q4_0, Q4_1, Q4_K,
+    file whose projections are all stored quantized loads quantized on CPU, as llama.cpp and vLLM
+    keep it. Its blocks go to the kernel as they are where they map (gguf_quant: Q4_0, Q4_1, Q4_K,
     Q8_0, MXFP4); the others (a Q4_K_M's Q6_K tensors) become int8, 8 bits a weight, above any
-    GGUF type's precision, where float32 would take 32 (an 8B Q4_K_M: 32 GB, not 5)."""
+    GGUF type's precision, where float32 would take 32 (an 8B Q4_K_M: 32 GB, not 5). A file with
+    projections in float too (a converter's MXFP4 experts beside float32 attention) loads as
+    floats: int8 would lose what it stores exactly."""
     if quantization is not None:
         return None if quantization == "none" else quantization
     if torch.device(device).type != "cpu" or not is_gguf(path):
         return None
-    return "int8" if gguf.stores_quantized_projections(gguf.open_gguf(path)) else None
+    return "int8" if gguf.stores_projections_quantized(gguf.open_gguf(path)) else None
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32") -> torch.dtype:
