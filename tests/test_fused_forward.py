@@ -8,6 +8,8 @@ from unittest import mock
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf_writer import write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.config import parse_model_config
 from tailrace.model.layer_plan import NORMS, Step
 from tailrace.model.llama import LlamaForCausalLM
+from tailrace.model.loader import load_model
 from tailrace.model.paged_attention import PagedKVCache
 from tailrace.model.quant import quantize_model
 
@@ -143,6 +146,31 @@ def assert_one_call_gives_the_per_module_bits(model: LlamaForCausalLM) -> None:
         model.model.fused_forward = fused
         assert torch.equal(got, expected)
         assert torch.equal(fused_cache.k, module_cache.k) and torch.equal(fused_cache.v, module_cache.v)
+
+
+@needs_int_kernel
+@pytest.mark.parametrize("grouped", [False, True], ids=["per row", "per 32 inputs"])
+def test_lookups_in_a_tied_int8_heads_codes_give_the_per_module_bits(grouped):
+    """The table held only as its head's codes (int_linear.IntEmbedding: a GGUF's Q8_0 has a scale
+    per 32 inputs, --quantization int8 one per row), Gemma's multiplier applied after the lookup."""
+    model = random_model("gemma3_text", quantization="int8", tied=True)
+    if grouped:
+        table = model.model.embed_tokens.weight.float().view(model.config.vocab_size, -1, int_linear.BLOCK)
+        scales = table.abs().amax(-1, keepdim=True).div(127).to(torch.float16).float()
+        codes = table.div(scales).round().to(torch.int8).flatten(1)
+        model.lm_head = int_linear.IntLinear(codes, scales.squeeze(-1), None, None)
+    model.model.embed_tokens = int_linear.IntEmbedding(model.lm_head, model.dtype)
+    model.model.fused_forward = cpu_ops.FusedForward(model)
+    assert_one_call_gives_the_per_module_bits(model)
+
+
+@needs_int_kernel
+def test_a_tied_q8_0_gguf_runs_in_one_call_reading_its_table_from_the_moved_head(tmp_path):
+    model, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0)), dtype="bfloat16", quantization="int8")
+    model = cpu_ops.prepare(model, CPU, "int8")
+    assert isinstance(model.model.embed_tokens, int_linear.IntEmbedding)
+    assert model.model.embed_tokens.codes is model.lm_head.codes  # gather_weights moved them: no second copy
+    assert_one_call_gives_the_per_module_bits(model)
 
 
 # A block's steps (layer_plan.Step): its input norm or none, its output norm or none, its multiplier

@@ -181,6 +181,22 @@ def test_a_quantized_gguf_is_served_from_its_blocks_unless_floats_are_asked_for(
         [o.outputs[0].token_ids for o in int8.generate(["Once upon a time"], params)]
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_tied_q8_0_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_path, dtype) -> None:
+    """The head's codes serve the lookups (IntEmbedding), row for row the values the dequantizing
+    loader puts in the table, and no float table is kept beside them."""
+    path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0))
+    floats, config = load_model(path, dtype=dtype)
+    blocks, _ = load_model(path, dtype=dtype, quantization="int8")
+    lookup = blocks.model.embed_tokens
+    assert isinstance(lookup, int_linear.IntEmbedding) and lookup.codes is blocks.lm_head.codes
+    assert not any(t.dtype == floats.dtype and t.shape == (config.vocab_size, config.hidden_size)
+                   for t in blocks.state_dict().values())
+    ids = torch.arange(config.vocab_size)
+    assert torch.equal(lookup(ids), floats.model.embed_tokens(ids))
+
+
 def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monkeypatch) -> None:
     """The projections built from blocks leave their float weights unread (what lets a file larger
     than its float weights load), and the model is the one a float load then use_gguf_blocks makes."""

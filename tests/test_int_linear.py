@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tailrace.model import int_linear
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.int_linear import BLOCK, IntLinear, pack_codes, pack_scales
+from tailrace.model.int_linear import BLOCK, IntEmbedding, IntLinear, pack_codes, pack_scales
 from tailrace.model.loader import load_model
 from tailrace.model.quant import E2M1_DOUBLED
 
@@ -31,6 +31,31 @@ def test_int8_codes_pack_16_outputs_to_a_vector_in_pairs_of_inputs():
     assert packed[1, 31, 2 * 3 + 1] == codes[19, 63]
     assert packed[0, 5, 2 * 15] == codes[15, 10]
     assert not packed[1, :, 8:].any() and not packed[2:].any()
+
+
+@needs_kernel
+@given(rows=st.integers(1, 150), grouped=st.booleans(), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=25, deadline=None)
+def test_a_lookup_in_an_int8_heads_codes_gives_its_rows_dequantized_once(rows, grouped, dtype, seed):
+    """IntEmbedding reads row n back out of the packed layouts: codes times the group's scale in
+    float32, rounded to the dtype, as a table dequantized at load holds it."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (rows, 96), generator=g, dtype=torch.int8)
+    scales = torch.rand(rows, 3 if grouped else 1, generator=g).add(0.01).to(torch.float16)
+    table = (codes.float().view(rows, scales.shape[1], -1) * scales.float().unsqueeze(-1)).view(rows, 96).to(dtype)
+    lookup = IntEmbedding(IntLinear(codes, scales, None, None), dtype)
+    ids = torch.randint(0, rows, (2, 5), generator=g)
+    assert torch.equal(lookup(ids), table[ids])
+    assert torch.equal(lookup(torch.arange(rows)), table)
+
+
+@needs_kernel
+def test_only_an_int8_head_without_zero_points_serves_lookups():
+    scales = torch.ones(16, 1)
+    assert IntEmbedding.takes(IntLinear(torch.zeros(16, 32, dtype=torch.int8), scales, None, None))
+    assert not IntEmbedding.takes(IntLinear(torch.zeros(16, 32, dtype=torch.uint8), scales, scales, None))
+    assert not IntEmbedding.takes(torch.nn.Linear(32, 16))
 
 
 def test_int4_codes_pack_eight_inputs_of_a_lane_to_four_bytes():

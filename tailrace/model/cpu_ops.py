@@ -26,7 +26,7 @@ from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbeddin
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, pack_routers, packable
 from tailrace.model.huge_pages import Arena, release_freed
-from tailrace.model.int_linear import IntLinear
+from tailrace.model.int_linear import IntEmbedding, IntLinear
 from tailrace.model.layer_plan import norms_of
 from tailrace.model.config import ModelConfig
 from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
@@ -110,10 +110,12 @@ class FusedForward:
                 expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
                 expert_down=[_buffers(expert.down_proj) for expert in experts])
         embed = model.model.embed_tokens
-        packed = isinstance(embed, PackedEmbedding)
-        self._forward.set_outer(embedding=embed.packed if packed else embed.weight, vocab=config.vocab_size,
-                                packed=packed, rotary=[t for table in tables for t in (table.cos, table.sin)],
-                                final_norm=model.model.norm.weight)
+        table, packed, scales = ((embed.codes, True, embed.scales) if isinstance(embed, IntEmbedding)
+                                 else (embed.packed, True, None) if isinstance(embed, PackedEmbedding)
+                                 else (embed.weight, False, None))
+        self._forward.set_outer(embedding=table, vocab=config.vocab_size, packed=packed,
+                                rotary=[t for table in tables for t in (table.cos, table.sin)],
+                                final_norm=model.model.norm.weight, embedding_scales=scales)
 
     def takes(self, cache: KVCache | PagedKVCache) -> bool:
         """Attention read from the pages by tailrace's kernel, at the model's dtype."""
@@ -144,11 +146,11 @@ def _weight(norm: Module | None) -> torch.Tensor | None:
 
 
 def fusable(model: LlamaForCausalLM) -> bool:
-    """bfloat16 or float32, and every part on the kernels FusedForward calls: a plain or packed
+    """bfloat16 or float32, and every part on the kernels FusedForward calls: a plain, packed or int8
     embedding, packed projections (or, at bfloat16, integer ones), packed routers, kernel norms at
     the config's eps, the rotary, activation and routing kernels."""
     eps, kinds = model.config.rms_norm_eps, _FUSED.get(model.dtype)
-    return (kinds is not None and type(model.model.embed_tokens) in (Embedding, PackedEmbedding)
+    return (kinds is not None and type(model.model.embed_tokens) in (Embedding, PackedEmbedding, IntEmbedding)
             and _kernel_norm(model.model.norm, eps)
             and all(_fusable_layer(layer, eps, kinds, kernel_linear(model.dtype)) for layer in model.model.layers))
 
@@ -192,8 +194,12 @@ def gather_weights(model: LlamaForCausalLM) -> None:
             release_freed()
             moved = 0
     release_freed()
-    if isinstance(model.model.embed_tokens, PackedEmbedding):
-        model.model.embed_tokens = PackedEmbedding(model.lm_head)  # its lookups read the head's moved table
+    # the lookups read the head's moved table
+    embed = model.model.embed_tokens
+    if isinstance(embed, PackedEmbedding):
+        model.model.embed_tokens = PackedEmbedding(model.lm_head)
+    elif isinstance(embed, IntEmbedding):
+        model.model.embed_tokens = IntEmbedding(model.lm_head, embed.dtype)
 
 
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,

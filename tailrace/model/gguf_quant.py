@@ -114,7 +114,8 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
                     projections: list[BlockProjection] | None = None) -> list[str]:
     """The `projections` (by default every one block_projections finds) replaced in place by
     quantized modules built from the file's blocks; the others keep the float weights the loader
-    dequantized. CPU only (the integer kernels are). Returns the replaced projections' paths."""
+    dequantized; a tied table stored in Q8_0 is then looked up in the head's codes (IntEmbedding).
+    CPU only (the integer kernels are). Returns the replaced projections' paths."""
     rotary_heads = _rotary_heads(reader)
     replaced = []
     layer = None
@@ -130,6 +131,10 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
         if module is not None:
             setattr(p.parent, p.name, module)
             replaced.append(p.path)
+            if p.path == "lm_head" and p.parts[0].name == "token_embd.weight" and int_linear.IntEmbedding.takes(module):
+                # the file's table read from the head's codes: the same values as its dequantized copy
+                model.model.embed_tokens = int_linear.IntEmbedding(module, model.dtype)
+    release_freed()
     return replaced
 
 

@@ -180,15 +180,30 @@ public:
     // of vector n / 16 in pairs (bfloat16: a pair's values side by side; float32: 16 lanes apart);
     // the rotary tables [positions, head_dim] (float32, as llama.Rotary builds them), the global
     // one's then the local one's (as cos, sin, cos, sin; the same positions); the final norm's weight.
+    // With `embedding_scales` the packed table is a tied int8 head's (int_linear.IntEmbedding): codes
+    // [vectors, hidden / 2, 32] int8, the pairs side by side, vectors in whole tiles of 4; scales
+    // [vectors / 4, groups, 4, 16] float16, a group's scale for each of a tile's 64 rows.
     void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const std::vector<torch::Tensor>& rotary,
-                   const torch::Tensor& final_norm) {
-        TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
-                    "the embedding must be contiguous ", kName);
-        if (packed)
-            check_packed(embedding, hidden_, vocab);
-        else
-            TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab && embedding.size(1) == hidden_,
-                        "the embedding table must be [", vocab, ", ", hidden_, "]");
+                   const torch::Tensor& final_norm, const c10::optional<torch::Tensor>& embedding_scales) {
+        const torch::Tensor scales = defined(embedding_scales);
+        if (scales.defined()) {
+            TORCH_CHECK(packed && embedding.scalar_type() == torch::kInt8 && embedding.is_contiguous() &&
+                        embedding.dim() == 3 && embedding.size(0) % 4 == 0 && embedding.size(0) * kLanes >= vocab &&
+                        embedding.size(1) == hidden_ / 2 && embedding.size(2) == 2 * kLanes,
+                        "int8 embedding codes must be [whole tiles of 4 vectors of 16 rows, ", hidden_ / 2, ", 32]");
+            TORCH_CHECK(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() && scales.dim() == 4 &&
+                        scales.size(0) * 4 == embedding.size(0) && scales.size(1) > 0 &&
+                        hidden_ % scales.size(1) == 0 && scales.size(2) == 4 && scales.size(3) == kLanes,
+                        "int8 embedding scales must be float16 [tiles, groups, 4, 16]");
+        } else {
+            TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
+                        "the embedding must be contiguous ", kName);
+            if (packed)
+                check_packed(embedding, hidden_, vocab);
+            else
+                TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab && embedding.size(1) == hidden_,
+                            "the embedding table must be [", vocab, ", ", hidden_, "]");
+        }
         TORCH_CHECK(!rotary.empty() && rotary.size() <= 4 && rotary.size() % 2 == 0, "rotary is cos, sin[, cos, sin]");
         for (const torch::Tensor& table : rotary)
             TORCH_CHECK(table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.dim() == 2 &&
@@ -198,6 +213,7 @@ public:
             TORCH_CHECK(2 * layer.rope < static_cast<int64_t>(rotary.size()), "a layer's rotary table is missing");
         check_norm(final_norm, hidden_);
         embedding_ = embedding;
+        embedding_scales_ = scales;
         vocab_ = vocab;
         packed_embedding_ = packed;
         rotary_ = rotary;
@@ -340,7 +356,16 @@ private:
                         " is past the rotary tables' ", table_rows);
             Scalar* row = data<Scalar>(h) + t * hidden_;
             const int64_t lane = id[t] % kLanes;
-            if (packed_embedding_) {
+            if (embedding_scales_.defined()) {
+                // lane id % 16 of vector id / 16, each code times its group's scale in float32, rounded once
+                const int64_t vector = id[t] / kLanes, groups = embedding_scales_.size(1), width = hidden_ / groups;
+                const int8_t* codes = embedding_.data_ptr<int8_t>() + vector * pairs * 2 * kLanes + 2 * lane;
+                const at::Half* scale = embedding_scales_.data_ptr<at::Half>() + vector / 4 * groups * 4 * kLanes +
+                                        vector % 4 * kLanes + lane;
+                for (int64_t i = 0; i < hidden_; ++i)
+                    row[i] = static_cast<Scalar>(static_cast<float>(codes[i / 2 * 2 * kLanes + i % 2]) *
+                                                 static_cast<float>(scale[i / width * 4 * kLanes]));
+            } else if (packed_embedding_) {
                 if constexpr (std::is_same_v<Scalar, float>) {
                     // lane id % 16 of vector id / 16: pair kp's two values 16 lanes apart
                     const float* vector = data<float>(embedding_) + id[t] / kLanes * pairs * 2 * kLanes;
@@ -589,7 +614,7 @@ private:
     float embedding_multiplier_, scale_, softcap_, swiglu_alpha_, swiglu_limit_;
     tailrace::Routing routing_;  // its `experts` set by each layer
     std::vector<Layer> layers_;
-    torch::Tensor embedding_, final_norm_;  // set_outer's
+    torch::Tensor embedding_, embedding_scales_, final_norm_;  // set_outer's
     std::vector<torch::Tensor> rotary_;
     int64_t vocab_ = 0;
     bool packed_embedding_ = false;
@@ -611,7 +636,7 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
              py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
              py::arg("router"), py::arg("expert_gate_up"), py::arg("expert_down"))
         .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
-             py::arg("rotary"), py::arg("final_norm"))
+             py::arg("rotary"), py::arg("final_norm"), py::arg("embedding_scales") = py::none())
         .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),
              "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
              "into the pages");
