@@ -183,12 +183,17 @@ def test_a_quantized_gguf_is_served_from_its_blocks_unless_floats_are_asked_for(
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_tied_q8_0_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_path, dtype) -> None:
+def test_a_tied_q8_0_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_path, dtype,
+                                                                                  monkeypatch) -> None:
     """The head's codes serve the lookups (IntEmbedding), row for row the values the dequantizing
-    loader puts in the table, and no float table is kept beside them."""
+    loader puts in the table, which it neither reads nor keeps beside them."""
     path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0))
     floats, config = load_model(path, dtype=dtype)
+    dequantized = []
+    real = tailrace_gguf.dequantize
+    monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     blocks, _ = load_model(path, dtype=dtype, quantization="int8")
+    assert dequantized and "token_embd.weight" not in dequantized
     lookup = blocks.model.embed_tokens
     assert isinstance(lookup, int_linear.IntEmbedding) and lookup.codes is blocks.lm_head.codes
     assert not any(t.dtype == floats.dtype and t.shape == (config.vocab_size, config.hidden_size)

@@ -131,11 +131,19 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
         if module is not None:
             setattr(p.parent, p.name, module)
             replaced.append(p.path)
-            if p.path == "lm_head" and p.parts[0].name == "token_embd.weight" and int_linear.IntEmbedding.takes(module):
-                # the file's table read from the head's codes: the same values as its dequantized copy
+            if is_table_head(p):
                 model.model.embed_tokens = int_linear.IntEmbedding(module, model.dtype)
     release_freed()
     return replaced
+
+
+def is_table_head(projection: BlockProjection) -> bool:
+    """Whether `projection` is a tied head over a Q8_0 table on tailrace's kernel, an IntLinear
+    whose int8 codes then serve the lookups too (IntEmbedding): a code times its block's scale in
+    float32 is the value dequantizing the table gives, so the loader need not read the table."""
+    table = projection.parts[0]
+    return (projection.path == "lm_head" and table.name == "token_embd.weight" and table.tensor_type == Q.Q8_0
+            and int_linear.available())
 
 
 def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias: torch.Tensor | None,

@@ -86,15 +86,12 @@ class IntEmbedding(Module):
 
     def __init__(self, head: IntLinear, dtype: torch.dtype) -> None:
         super().__init__()
+        if head.codes.dtype != torch.int8 or head.zeros is not None:
+            raise ValueError("a lookup reads int8 codes without zero points")
         vectors, pairs, _ = head.codes.shape
         self.codes, self.scales, self.dtype = head.codes, head.scales, dtype
         self._lanes = head.codes.view(vectors, pairs, _LANES, 2)  # [vectors, K / 2, lane, the pair's two codes]
         self.width = 2 * pairs
-
-    @staticmethod
-    def takes(head: torch.nn.Module) -> bool:
-        """An int8 head without zero points: the codes a lookup can read as they are."""
-        return isinstance(head, IntLinear) and head.codes.dtype == torch.int8 and head.zeros is None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         vector, lane = ids // _LANES, ids % _LANES

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from tailrace.model import bf16_linear, gguf, int_linear
 from tailrace.model.config import ModelConfig, limit_context, load_model_config
-from tailrace.model.gguf_quant import block_projections, use_gguf_blocks
+from tailrace.model.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.huge_pages import release_freed
 from tailrace.model.hub import is_gguf
 from tailrace.model.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
@@ -62,10 +62,14 @@ def load_model(
             reader = gguf.open_gguf(path)
             # the file's own codes where they map, their float weights never read; quantize_model does the rest
             blocks = block_projections(model, reader) if quantization is not None and shard is None else []
-            unread = {part.name for p in blocks for part in p.parts} - {"token_embd.weight"}  # the table is read
+            supplied = {f"{p.path}.weight" for p in blocks}
+            unread = {part.name for p in blocks for part in p.parts}
+            if any(is_table_head(p) for p in blocks):  # the lookups read the head's codes
+                supplied.add("model.embed_tokens.weight")
+            else:
+                unread.discard("token_embd.weight")  # the table the lookups read
             tensors = gguf.checkpoint_tensors(reader, skip=unread)
-            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard),
-                         supplied={f"{p.path}.weight" for p in blocks})
+            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
             reorder_rotary_dims(model)
             use_gguf_blocks(model, reader, blocks)
             gguf.release_pages(reader)
