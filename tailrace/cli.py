@@ -246,6 +246,7 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     """The engine config (`config` when already checked), tokenizer and server config the serve
     flags ask for; ValueError names a bad one."""
     from tailrace.api.app import ServerConfig
+    from tailrace.model.gguf import forget_readers
     from tailrace.model.hub import served_name
     from tailrace.tokenizer import load_tokenizer, read_chat_template
 
@@ -262,6 +263,7 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
                           limits=limits, chat=chat_options_from(args), other_model_names=other_names,
                           sampling_defaults=sampling_defaults, log_stats=not args.disable_log_stats,
                           responses_store=StoreLimits(args.responses_store_max_count, args.responses_store_max_bytes))
+    forget_readers()  # a GGUF's: the API process has read what it needs of it
     return ServerSetup(config, tokenizer, server)
 
 

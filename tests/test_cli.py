@@ -162,3 +162,18 @@ def test_ready_line_names_where_the_model_came_from(tmp_path):
     assert _model_source("org/name", "/cache/models--org--name/snapshots/abc") == "hub"
     assert _model_source(str(gguf), str(gguf)) == "gguf"
     assert _model_source(str(tmp_path), str(tmp_path)) == "local"
+
+
+def test_the_api_process_keeps_no_gguf_reader_once_set_up(tmp_path):
+    """server_setup reads a GGUF's config and tokenizer, then drops the cached reader: its parsed
+    fields would stay resident in the API process for its life."""
+    from gguf_writer import write_gguf
+
+    from tailrace.cli import server_setup
+    from tailrace.model.gguf import open_gguf
+
+    path = str(write_gguf(tmp_path / "tiny.gguf"))
+    cached = open_gguf(path)
+    setup = server_setup(build_parser().parse_args(["serve", path]))
+    assert setup.tokenizer.decode(setup.tokenizer.encode("Hello there")) == "Hello there"
+    assert open_gguf(path) is not cached

@@ -14,7 +14,8 @@ from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf
 
 from tailrace import LLM, SamplingParams
 from tailrace.model.config import load_model_config
-from tailrace.model.gguf import dequantize, open_gguf, stores_projections_quantized, unpermute_rotary
+from tailrace.model.gguf import (dequantize, forget_readers, open_gguf, stores_projections_quantized,
+                                 unpermute_rotary)
 from tailrace.model.loader import load_model
 
 PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]
@@ -159,6 +160,13 @@ def test_the_cached_reader_reads_what_gguf_pys_reads(f32_gguf):
     assert [(t.name, t.tensor_type, t.shape.tolist()) for t in ours.tensors] == \
         [(t.name, t.tensor_type, t.shape.tolist()) for t in theirs.tensors]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors, strict=True))
+
+
+def test_a_forgotten_reader_is_parsed_anew(f32_gguf):
+    cached = open_gguf(f32_gguf)
+    assert open_gguf(f32_gguf) is cached
+    forget_readers()
+    assert open_gguf(f32_gguf) is not cached
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):

@@ -20,6 +20,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
+from tailrace.model.huge_pages import release_freed
+
 # general.architecture -> the Hugging Face architecture it is.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
@@ -88,6 +90,14 @@ def open_gguf(path: str) -> GGUFReader:
 @functools.lru_cache(maxsize=1)
 def _reader(path: str, mtime_ns: int) -> GGUFReader:
     return _PlainReader(path)
+
+
+def forget_readers() -> None:
+    """The cached reader dropped and its memory handed back, for a process that reads the file no
+    more: the API process, once it has the config and the tokenizer, would otherwise keep the
+    parsed fields for its life (0.24 GiB of Gemma 3's 262k-token vocabulary)."""
+    _reader.cache_clear()
+    release_freed()
 
 
 class _PlainReader(GGUFReader):
