@@ -106,11 +106,16 @@ def write_gguf(path: Path, qtype: Q = Q.F32, vocab: Vocab | None = None, source:
         add_tensor(writer, gguf_name(name), values.astype(np.float32), qtype if values.ndim == 2 else Q.F32)
     for name, values in (extra_tensors or {}).items():
         add_tensor(writer, name, values, Q.F32)
+    write_out(writer)
+    return path
+
+
+def write_out(writer: gguf.GGUFWriter) -> None:
+    """Header, metadata and tensors written out, in the order GGUFWriter requires, and the file closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:

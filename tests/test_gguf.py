@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf
+from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf, write_out
 
 from tailrace import LLM, SamplingParams
 from tailrace.model.config import load_model_config
@@ -109,10 +109,7 @@ def test_a_file_stores_its_projections_quantized_when_every_one_is(tmp_path, typ
     writer = gguf.GGUFWriter(str(path), "llama")
     for name, qtype in {"token_embd.weight": Q.Q8_0, "output_norm.weight": Q.F32, **types}.items():
         add_tensor(writer, name, np.zeros(64 if name.endswith("norm.weight") else (4, 64), np.float32), qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     assert stores_projections_quantized(gguf.GGUFReader(path)) is quantized
 
 
@@ -140,10 +137,7 @@ def test_every_bf16_value_dequantizes_to_gguf_pys_bits(tmp_path):
     path = tmp_path / "bf16.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=Q.BF16)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     tensor = gguf.GGUFReader(path).tensors[0]
     theirs = gguf.quants.dequantize(tensor.data, Q.BF16)
     ours = dequantize(tensor)
@@ -186,10 +180,7 @@ def _one_tensor_file(tmp_path, qtype: Q, rows: int, columns: int) -> gguf.GGUFRe
     path = tmp_path / "one.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_tensor("blk.0.ffn_up.weight", raw.reshape(rows, -1), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return gguf.GGUFReader(path)
 
 
@@ -228,10 +219,7 @@ def test_corrupt_file_is_named(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     path = tmp_path / "other.gguf"
     writer = gguf.GGUFWriter(str(path), "mamba")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; supported: llama, qwen2, qwen3, "
                                          "smollm3, gemma2, gemma3"):
         load_model_config(str(path))

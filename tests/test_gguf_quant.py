@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
-from gguf_writer import llama_permute, write_gguf
+from gguf_writer import llama_permute, write_gguf, write_out
 
 from tailrace.bench.peers.llamacpp import convert_command
 from tailrace.model import gguf as tailrace_gguf
@@ -90,10 +90,7 @@ def _read_back(path: str, tensors: dict[str, tuple[Q, np.ndarray]]) -> dict[str,
     writer = GGUFWriter(path, "llama")
     for name, (tensor_type, raw) in tensors.items():
         writer.add_tensor(name, raw, raw_dtype=tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return {tensor.name: tensor for tensor in GGUFReader(path).tensors}
 
 
