@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 
-# CI draws the same examples on every run: a rare case that a property test finds turns up in a
-# developer's random run and gets fixed, instead of failing some unrelated submission's CI.
-settings.register_profile("ci", derandomize=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# Property tests explore afresh on every run, CI's included. A failure prints the blob that
+# replays it (`@reproduce_failure(...)`, also with the database off and the shrink phase skipped),
+# and shrinking it stops after 30 s rather than Hypothesis's 300, so a failure costs seconds.
+settings.register_profile("tailrace", print_blob=True)
+settings.load_profile("tailrace")
+assert hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"), "hypothesis moved its shrinking time limit"
+hypothesis_engine.MAX_SHRINKING_SECONDS = 30
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

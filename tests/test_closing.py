@@ -160,3 +160,92 @@ def test_an_unsupported_schema_is_still_enforced_without_closing(compiler):
     schema = {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}
     grammar = compiler.for_sequence(SamplingParams(structured=StructuredSpec(json.dumps(schema))))
     assert grammar.closing is None and grammar.choose(5, 0) == 5
+
+
+def follow(grammar: SequenceGrammar, table: TokenTable, text: bytes, closer: Closer) -> None:
+    """Feed `text` byte by byte to the grammar and the closer, both of which must take it."""
+    for b in text:
+        token = table.ids[bytes([b])]
+        assert grammar.matcher.validate_tokens([token]) == 1, text
+        grammar.matcher.consume_token(token)
+        assert closer.feed(bytes([b])), text
+
+
+# Numbers as llguidance writes them that a closer assuming one spelling per value could not
+# follow or end: a negative zero integer, and fractions that end in 0 (the only way on from
+# `255.` at a maximum of 255).
+NUMBER_FORMS = [
+    ({"type": "integer", "exclusiveMinimum": -43, "maximum": 50}, b"[-0"),
+    ({"type": "integer", "minimum": -5, "maximum": 5}, b"[-0, -0"),
+    ({"type": "number", "maximum": 255.0}, b"[255."),
+    ({"type": "number", "minimum": -4.0, "exclusiveMaximum": 410.75}, b"[-4."),
+    ({"type": "number", "exclusiveMinimum": 158.5, "maximum": 255.0}, b"[254.50, 160.0, 255."),
+    ({"type": "number", "minimum": -1, "maximum": 1}, b"[-0."),
+]
+
+
+@pytest.mark.parametrize(("item", "prefix"), NUMBER_FORMS)
+def test_a_number_the_grammar_writes_in_any_form_is_followed_and_ended(compiler, item, prefix):
+    schema = {"type": "array", "items": item}
+    grammar, table = grammar_for(compiler, schema), compiler.token_table()
+    closer = Closer(compile_schema(schema))
+    follow(grammar, table, prefix, closer)
+    ending = closer.ending()
+    assert ending is not None, prefix
+    jsonschema.validate(json.loads(prefix + ending), schema)
+    assert accepts(grammar, table.fewest(ending)), (prefix, ending)
+
+
+def test_the_reported_schema_ends_after_a_negative_zero_id(compiler):
+    schema = {"type": "object", "required": ["id", "items"], "properties": {
+        "id": {"type": "array", "minItems": 1,
+               "items": {"type": "integer", "exclusiveMinimum": -43, "maximum": 1203}},
+        "items": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["ok"], "properties": {"ok": {"type": "string", "pattern": "^(yes|no)$"}}}},
+        "tags": {"type": "string"}}}
+    grammar, table = grammar_for(compiler, schema), compiler.token_table()
+    closer = Closer(compile_schema(schema))
+    follow(grammar, table, b'{"id": [12, -0', closer)
+    ending = closer.ending()
+    assert ending is not None
+    assert json.loads(b'{"id": [12, -0' + ending) == {"id": [12, 0], "items": [{"ok": "no"}]}
+    assert accepts(grammar, table.fewest(ending))
+
+
+def scripted_walk(grammar: SequenceGrammar, table: TokenTable, script: bytes, budget: int) -> bytes:
+    """A model that writes `script` as far as the grammar and the budget let it: each step the
+    longest allowed token that spells the script on, else the first allowed token."""
+    out = b""
+    for used in range(budget):
+        tokens = allowed_tokens(grammar)
+        if not tokens:
+            break
+        want = script[len(out):]
+        matching = [t for t in tokens if want.startswith(table.token_bytes[t]) and table.token_bytes[t]]
+        sampled = max(matching, key=lambda t: len(table.token_bytes[t])) if matching else tokens[0]
+        token = grammar.choose(sampled, budget - used - 1)
+        grammar.accept(token)
+        out += table.token_bytes[token]
+    assert grammar.closing is not None, out  # never lost
+    return out
+
+
+LONG_LITERALS = b'{"b": {"a": 3.0}, "id": [[2, 2]], "name": [[26007875015, 1862587, ' + b"1327215039707128300004" * 6
+
+
+@pytest.mark.parametrize("numbers", [{"type": "integer"}, {"type": "number"},
+                                     {"type": "integer", "exclusiveMinimum": -43},
+                                     {"type": "number", "minimum": -2.5}])
+def test_long_number_literals_end_valid_under_every_budget_from_the_minimum(compiler, numbers):
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "b": {"type": "object", "additionalProperties": False,
+              "properties": {"a": {"type": "number", "minimum": -3, "maximum": 4.5}}},
+        "id": {"type": "array", "items": {"type": "array", "items": numbers}},
+        "name": {"type": "array", "items": {"type": "array", "items": numbers}}}}
+    table = compiler.token_table()
+    minimum = grammar_for(compiler, schema).closing.minimum
+    for budget in range(minimum, minimum + 160, 3):
+        grammar = grammar_for(compiler, schema)
+        text = scripted_walk(grammar, table, LONG_LITERALS, budget)
+        assert grammar.matcher.is_accepting(), (budget, text)
+        jsonschema.validate(json.loads(text), schema)

@@ -225,8 +225,12 @@ def _bound(node: Node) -> float:
 
 def number_ending(node: Node, prefix: str) -> str | None:
     """The shortest text that completes `prefix` (a number's start, as generated) into a number
-    the node allows, or None when there is none. Without bounds any JSON number; with bounds the
-    grammar writes no exponent and no negative zero."""
+    the grammar ends, or None when there is none. Without bounds any JSON number. With bounds the
+    grammar writes no exponent, and it refuses some negative zeros and some fractions that end in
+    0 (-0.50, -0.0, or 0.7500 at a bound of 0.75) while it takes others (255.0 at a maximum of
+    255): an ending makes neither where it can, a fraction ending in 0 only where the prefix
+    leaves nothing else (`255.` at that maximum), and ends a prefix as it stands only where that
+    is all the grammar can have let through (`-0` for an integer)."""
     if not node.bounded:
         if prefix in ("", "-"):
             return "1" if prefix == "-" else "0"
@@ -235,10 +239,29 @@ def number_ending(node: Node, prefix: str) -> str | None:
         positive, negative = _bounded_ending(node, ""), _bounded_ending(node, "-")
         endings = [e for e in (positive, None if negative is None else "-" + negative) if e is not None]
         return min(endings, key=len, default=None)
-    return _bounded_ending(node, prefix)
+    for zeros in (False, True):
+        ending = _bounded_ending(node, prefix, zeros)
+        if ending is not None:
+            return ending
+    return "" if number_complete(node, prefix) else None
 
 
-def _bounded_ending(node: Node, prefix: str) -> str | None:
+def number_complete(node: Node, text: str) -> bool:
+    """Whether `text`, as the grammar wrote it, is a whole number the node allows: its value
+    decides, however it is written (`3.0`, `-0`, `254.50`), so every number the grammar ends is
+    one the closer follows."""
+    if not text or not text[-1].isdigit():
+        return False
+    if not node.bounded:
+        return True
+    if node.integer and "." in text:
+        return False
+    value = Fraction(text)
+    return not ((node.low is not None and (value < node.low or (node.low_open and value == node.low))) or
+                (node.high is not None and (value > node.high or (node.high_open and value == node.high))))
+
+
+def _bounded_ending(node: Node, prefix: str, zeros: bool = False) -> str | None:
     negative = prefix.startswith("-")
     whole, dot, frac = prefix[negative:].partition(".")
     for extra in range(32):
@@ -248,16 +271,17 @@ def _bounded_ending(node: Node, prefix: str) -> str | None:
         else:
             splits = [(extra, None)] + ([] if node.integer else [(a, extra - a - 1) for a in range(extra)])
         for int_digits, frac_digits in splits:
-            found = _smallest_in_range(node, negative, whole, int_digits, frac if dot else None, frac_digits)
+            found = _smallest_in_range(node, negative, whole, int_digits, frac if dot else None, frac_digits, zeros)
             if found is not None and found.startswith(prefix):
                 return found[len(prefix):]
     return None
 
 
 def _smallest_in_range(node: Node, negative: bool, whole: str, int_digits: int, frac: str | None,
-                       frac_digits: int | None) -> str | None:
+                       frac_digits: int | None, zeros: bool) -> str | None:
     """The allowed number of smallest magnitude written as `whole` plus `int_digits` free digits,
-    then (when frac_digits is not None) a dot, `frac` and `frac_digits` free digits; None if none."""
+    then (when frac_digits is not None) a dot, `frac` and `frac_digits` free digits; None if none.
+    A fraction ending in 0 only with `zeros`; never a negative zero."""
     if (not whole and not int_digits) or (whole.startswith("0") and (len(whole) > 1 or int_digits)):
         return None  # no integer part, or a leading zero
     if frac_digits is not None and not (frac or "") and not frac_digits:
@@ -280,9 +304,7 @@ def _smallest_in_range(node: Node, negative: bool, whole: str, int_digits: int, 
         start = mag_low + math.ceil((lo - mag_low) / step) * step
     if (lo is not None and lo_open and start == lo) or (negative and start == 0):
         start += step
-    # llguidance's ranges refuse some fractions that end in 0 (-0.50, or 0.7500 at a bound of
-    # 0.75), so an ending never makes one.
-    while frac_digits is not None and (start * 10 ** places) % 10 == 0:
+    while frac_digits is not None and not zeros and (start * 10 ** places) % 10 == 0:
         start += step
     if start > mag_high or (hi is not None and (start > hi or (hi_open and start == hi))):
         return None

@@ -11,7 +11,9 @@ cannot follow (a schema reading the two disagree on) leaves the closer lost, nev
 
 from __future__ import annotations
 
-from tailrace.engine.closing_schema import ANY, ARRAY, CHOICE, LITERALS, NUMBER, OBJECT, STRING, Node, number_ending
+from tailrace.engine.closing_schema import (
+    ANY, ARRAY, CHOICE, LITERALS, NUMBER, OBJECT, STRING, Node, number_complete, number_ending,
+)
 from tailrace.engine.regex_closing import PatternDfa
 
 # What a frame does with a byte.
@@ -167,7 +169,7 @@ class _Number(_Frame):
             # Only a number the schema allows may end: llguidance 1.9.1 lets `0` through for
             # exclusiveMinimum 0 with a maximum, and the closer then refuses it (Closing.choose
             # takes the ending's next token instead).
-            return DONE_BEFORE if self.typed and number_ending(self.node, self.typed) == "" else FAIL
+            return DONE_BEFORE if number_complete(self.node, self.typed) else FAIL
         self.typed += chr(b)
         return CONTINUE
 
