@@ -172,8 +172,8 @@ def matmul_bound(config, tokens: int, dtype: torch.dtype, repeats: int = 5) -> f
     oneDNN over packed weights and tailrace's own kernel) for `tokens` rows, and the head for one
     row. At a lower precision float32's matmuls are candidates too: without AVX512-BF16 or AMX,
     oneDNN emulates bfloat16 several times slower than float32, which would make a bound anything
-    beats. tailrace's kernel is one since it outran both at float32 (a 1B-shape prefill measured
-    0.91x a bound without it, twentieth session): the bound is the fastest bare matmul here."""
+    beats. tailrace's kernel is one, as it outruns both at float32 (a 1B-shape prefill measured
+    0.91x a bound without it): the bound is the fastest bare matmul here."""
     return bound_of(bound_matmuls(config, tokens, dtype, repeats))
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU backend's checks and figures in one run (bench/RESULTS.md, "GPU backend (H200)"):
+# The GPU backend's checks and figures in one run (the H200's figures: bench/README.md):
 #   bash bench/gpu.sh           on the lent H200 through the device tool, carry [".whl"]; under 8 minutes
 #   bash bench/gpu.sh --smoke   here on the CPU: the same phases on the embedded model's shape, tiny numbers
 #   bash bench/gpu.sh --phases http,transformers   a rerun of some phases (tests, tailrace, http, transformers)

@@ -1,5 +1,5 @@
-"""The GPU backend's figures in one run; bench/gpu.sh drives it on the lent H200 (bench/RESULTS.md,
-"GPU backend (H200)"), and `--smoke` runs the same logic here on the CPU.
+"""The GPU backend's figures in one run; bench/gpu.sh drives it on a lent H200 (its figures are in
+bench/README.md), and `--smoke` runs the same logic here on the CPU.
 
     python3 bench/gpu_bench.py --out $OUT          # Llama-3.1-8B shape, dummy bfloat16 weights, cuda
     .venv/bin/python bench/gpu_bench.py --smoke    # the embedded model's shape, dummy float32 weights, cpu

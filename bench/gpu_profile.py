@@ -1,5 +1,5 @@
-"""Where the GPU backend's step time goes, beside bench/gpu_bench.py's figures (bench/RESULTS.md,
-"GPU backend (H200)"): the same model and engine arguments, then
+"""Where the GPU backend's step time goes, beside bench/gpu_bench.py's figures (bench/README.md, the
+H200's table): the same model and engine arguments, then
 
   graphs    each decode graph's device time alone (CUDA events around back-to-back replays), the
             floor of a decode step of that size;

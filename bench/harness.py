@@ -2,7 +2,7 @@
 /health, read its gauges and memory, signal it, and get its exit code.
 
 Used by bench/soak.py and bench/disconnect_storm.py, and by tests/reliability (which put this
-directory on sys.path), so the figures in bench/RESULTS.md and the CI checks measure the same way.
+directory on sys.path), so the scripts' figures and the CI checks measure the same way.
 """
 
 from __future__ import annotations

@@ -10,6 +10,6 @@ def freeze_startup_objects() -> None:
     modules, the tokenizer) into the permanent generation, so that a full collection walks only
     what serving allocates. Unfrozen, the API process at c=128 on the embedded model ran 3 full
     collections of about 0.2 s each in a 20 s run, each a stall of every open stream, and an
-    in-process engine at 256 sequences one of 92 ms (bench/RESULTS.md, sixteenth session)."""
+    in-process engine at 256 sequences one of 92 ms (timed with `gc.callbacks`)."""
     gc.collect()
     gc.freeze()

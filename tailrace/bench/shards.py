@@ -2,7 +2,7 @@
 
 One asyncio process reading SSE through httpx spends about 120-150 us of CPU a streamed token, so
 past about 7,000 tokens/s it is the client, not the server, that sets the figure: on the H200 the
-load generator used 0.84-0.89 of a core at 7,400 tok/s (bench/RESULTS.md, "GPU backend"). With
+load generator used 0.84-0.89 of a core at 7,400 tok/s (the HTTP phase of `bash bench/gpu.sh`). With
 `--processes N` each process sends every N-th prompt at 1/N of the concurrency (and of a Poisson
 rate: the sum of independent Poisson arrivals is the whole rate), over its own connections; all
 start together behind a barrier, and their records are merged in prompt order.

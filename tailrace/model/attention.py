@@ -107,8 +107,9 @@ def new_pages(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
     On the CPU each layer holds its KV heads' rows apart, [kv_heads, num_slots, head_dim] seen
     through a transposed view: attention reads one KV head's rows position after position, and
     with the heads interleaved a one-row step's read ran at a third of the rate a KV head's own rows
-    read at (2048 positions, 30 layers: 5.1 against about 2.7 ms, bench/RESULTS.md, eighteenth
-    session). The CUDA kernel reads through the same strides; its cache keeps the first layout."""
+    read at (2048 positions, 30 layers: 5.1 against about 2.7 ms; `bench/decode_step.py --context
+    2048 --prefill 0` shows the one-row step). The CUDA kernel reads through the same strides; its
+    cache keeps the first layout."""
     if device.type == "cpu":
         held = (num_layers, num_kv_heads, num_slots, head_dim)
         return (torch.zeros(held, dtype=dtype, device=device).transpose(1, 2),

@@ -6,9 +6,10 @@ F.linear sends float32 to MKL's sgemm. On an AVX2 AMD EPYC (Zen 3) a decode step
 SmolLM2-135M-shaped model spent 84% of its time there, and oneDNN's JIT kernels over weights
 packed at load measured faster at every batch size: 30 layers plus the 49k-vocabulary head,
 cold weights, 1 thread, 38.6 vs 42.1 ms at 1 row, 66.8 vs 102.9 ms at 8 rows and 170 vs 198 ms
-at 32 rows (bench/RESULTS.md). On AVX512, tailrace's float32 tiles measured 0.49-0.98x oneDNN's
-time (twentieth session), and its layout lets a tied model's lookups read the packed head, which
-oneDNN's blocked one cannot. The packed weight replaces the plain one, so the model holds one copy.
+at 32 rows. On AVX512, tailrace's float32 tiles measured 0.49-0.98x oneDNN's time
+(`bench/bf16_linear_ab.py --dtype float32` runs both), and its layout lets a tied model's lookups
+read the packed head, which oneDNN's blocked one cannot. The packed weight replaces the plain one,
+so the model holds one copy.
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ def release_pages(reader: GGUFReader) -> None:
     """The file's pages the reader has read, unmapped from this process (MADV_DONTNEED): they
     belong to the page cache, yet count as the process's resident memory while mapped, and the
     cached reader (open_gguf) keeps the mapping for the process's life. 7 GB of a loaded
-    gpt-oss-20b GGUF stood resident beside the weights built from it (bench/RESULTS.md,
-    twenty-fourth session). Whatever reads them again faults them back in from the cache."""
+    gpt-oss-20b GGUF stood resident beside the weights built from it (RssFile in the engine's
+    /proc/PID/status). Whatever reads them again faults them back in from the cache."""
     buffer = reader.data
     while not isinstance(buffer, mmap.mmap):
         buffer = buffer.base

@@ -5,9 +5,9 @@ is a few hundred KB in its own allocation of 4 KB pages: some 20-65 thousand pag
 against a TLB of about two thousand entries, so the stream walks the page tables all the way
 through. Copied back to back into one mapping advised for 2 MB pages, in the order the step
 reads them, the same weights took 2.4-3.6% less time a step at one row (int4, int8 and
-bfloat16; bench/RESULTS.md, thirteenth session). On Linux with transparent huge pages set to
-`madvise` or `always` the kernel backs the mapping with them; elsewhere it is an ordinary
-allocation and only the order remains.
+bfloat16; `bench/decode_step.py --ab-huge-pages` runs both in one process). On Linux with
+transparent huge pages set to `madvise` or `always` the kernel backs the mapping with them;
+elsewhere it is an ordinary allocation and only the order remains.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from tailrace.model.cpu_kernels import kernels
 
 def _triton_attention() -> ModuleType:
     """The Triton kernel's module, imported only where it may run: importing triton alone added
-    52 MB to a CPU engine's RSS (bench/RESULTS.md, eleventh session)."""
+    52 MB to a CPU engine's RSS (VmRSS of a fresh process before and after the import)."""
     from tailrace.model import triton_attention
 
     return triton_attention
@@ -152,7 +152,7 @@ class PagedKVCache:
         # block_size tokens). 256 decode rows at context ~320, in a steady loop: 272 -> 91 us.
         self._written: list[tuple[int, int | None, int] | None] = [None] * max_seqs
         # The device side's views, made once: three fewer ops in every step, each run cold after the
-        # last step's weights went through the caches (bench/RESULTS.md, twelfth session).
+        # last step's weights went through the caches.
         self._device_views = self._split(self._meta_device)
         self._copied = torch.cuda.Event() if on_cuda else None
         self._batch: AttentionBatch | None = None

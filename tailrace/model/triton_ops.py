@@ -1,12 +1,12 @@
 """A CUDA model's RMSNorm, rotary embedding and SiLU(gate) * up as one Triton kernel each.
 
 In eager PyTorch these take about 20 small kernels a layer (dtype casts, a reduction, a roll), each
-a pass over memory. On the H200 (bench/RESULTS.md, "GPU backend (H200)") they were 1.8 ms of a
-5.8 ms batch-1 decode step of the Llama-3.1-8B shape, and about 40% of the device time of a full
-batch's prefill and decode. Each kernel here reads its inputs once and writes its output once, with
-the reference implementation's arithmetic in float32 and its rounding points (the casts back to
-the model's dtype where llama.py's modules make them); only the order of the norm's sum and the
-hardware's exp and rsqrt may differ, by float32 ulps (tests/test_triton_ops.py).
+a pass over memory. On an H200 they were 1.8 ms of a 5.8 ms batch-1 decode step of the Llama-3.1-8B
+shape, and about 40% of the device time of a full batch's prefill and decode (`bash bench/gpu.sh
+--profile` shows where the device time goes). Each kernel here reads its inputs once and writes
+its output once, with the reference implementation's arithmetic in float32 and its rounding points
+(the casts back to the model's dtype where llama.py's modules make them); only the order of the
+norm's sum and the hardware's exp and rsqrt may differ, by float32 ulps (tests/test_triton_ops.py).
 
 Used for bfloat16 and float16 models: a float32 model on CUDA keeps PyTorch's ops, so the CUDA
 path's greedy parity with the CPU path (tests/test_gpu.py) is checked on the reference modules.

@@ -1,7 +1,7 @@
 // The greedy pick of each logit row: the index torch.max(dim=1).indices gives (the first largest
 // value, or the first NaN where a row has one), in two passes of 16 lanes over the row. torch's
 // reduction took 51 us for one row of SmolLM2's 49k logits warm, and 180 us right after a step had
-// streamed its weights through the caches; this takes a few (bench/RESULTS.md, twelfth session).
+// streamed its weights through the caches; this takes a few.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

@@ -11,8 +11,9 @@
 //   wherever |x| is within a factor 128 of the block's largest) through vpdpwssd, 2 products a lane;
 // - against int4 weights, int8 activations (C = 127, as llama.cpp's Q8_0 activations for its 4-bit
 //   blocks) through vpdpbusd, 4 products a lane and no widening of the codes: a product of 4 rows
-//   1.6x faster at the same memory traffic (bench/RESULTS.md, fifteenth session), where the 4-bit
-//   weights are still what the result loses precision to.
+//   1.6x faster at the same memory traffic on a Zen 4 (`bench/decode_step.py --quantization int4
+//   --batch 1 8 32` times the steps), where the 4-bit weights are still what the result loses
+//   precision to (`bench/quality.py` shows it).
 // Each block's integer sum goes to float32 once:
 //     grouped: acc += (isum * s) * d  (+ z * s * sum(x codes))     per row: acc += isum * s; y = acc * d
 // Every output's float32 accumulator runs over the blocks in order, so a row's bits depend neither
@@ -53,7 +54,8 @@ constexpr int64_t kOneRowVectors = 8;      // vectors per tile of a lone row (se
 #else
 // AVX2 has 16 registers, not 32: a tile of 4 rows by 4 vectors wanted 64 of them for its integer
 // and float sums alone. 4 rows by 1 vector with int4_block_sums took a batch's rows through
-// Gemma-3-1B's int4 projections in 0.65x of the time (bench/RESULTS.md, twenty-third session).
+// Gemma-3-1B's int4 projections in 0.65x of the time on a Zen 1 (`bench/decode_step.py --model
+// bench/.shapes/gemma-3-1b --quantization int4 --batch 1 8 32` times the steps).
 constexpr int64_t kTileVectors = 1;
 constexpr int64_t kOneRowVectors = 4;
 #endif
@@ -172,15 +174,17 @@ inline __m512i dot(__m512i sum, const __m512i* w, const ActivationCode<Bits>* x)
 // (int8) or 8 K (int4) bytes long (4.5-24 KB in SmolLM2's layers), short for the hardware's
 // stream prefetch to ramp up on. Asking for each run's line 1 KB ahead (past a run's end: the
 // next vector's, the next tile's for the last) read the 0.2-1.8 MB projections of a decode step
-// 2-10% faster (a same-process A/B at one row, bench/RESULTS.md, tenth session). A lone row's
-// tiles (see run) ask for the line 2 KB ahead into L2 alone: 0.94x of their time without (int4;
-// int8 0.96-0.98x), where the line 1 KB ahead into L1 made them 5% slower (nineteenth session).
+// 2-10% faster on an Ice Lake (a same-process A/B of both builds at one row). A lone row's tiles
+// (see run) ask for the line 2 KB ahead into L2 alone: 0.94x of their time without (int4; int8
+// 0.96-0.98x), where the line 1 KB ahead into L1 made them 5% slower (a Zen 4; `bench/decode_step.py
+// --quantization int4 --batch 1 --prefill 0` shows the one-row step against its floor).
 constexpr int64_t kPrefetch = 1024;
 constexpr int64_t kOneRowPrefetch = 2048;
 
 // Where vector v's 16 scales (or zeros) of group b start. A tile's scales in one run, prefetched
 // 4 groups ahead, read a one-row int4 step 7-8% faster than 8 runs of 9-48 lines each (a vector's
-// d and z apart), too short for the hardware to prefetch (bench/RESULTS.md, fourteenth session).
+// d and z apart), too short for the hardware to prefetch (`bench/decode_step.py --quantization int4
+// --batch 1 --prefill 0` times the step).
 inline int64_t scale_at(const Problem& p, int64_t v, int64_t b) {
     return (((v / kVectors) * p.G + b) * kVectors + v % kVectors) * kLanes;
 }
@@ -286,7 +290,7 @@ inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCod
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
 // [MT][V][16]. The pointers are set once and the float sums stay in registers over the blocks:
 // with a code address and the sums' loads and stores worked out per vector and block, half of a
-// one-row tile's instructions were bookkeeping (bench/RESULTS.md, eleventh session).
+// one-row tile's instructions were bookkeeping (`perf annotate` of the tile shows it).
 template <int Bits, Scales S, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
@@ -382,7 +386,8 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin
 // decode step's) reads 8 vectors a tile, as bf16_linear does: more runs in flight. SmolLM2's 120
 // one-row projections, same-process A/B: 0.87-0.90x of their time at 4 vectors, int4 and int8
 // alike (without prefetch; 6 vectors the same, int4 at 12 or 16 0.95-1.04x); whole one-row steps
-// with the prefetch above int4 0.86-0.92x, int8 0.83-0.94x (bench/RESULTS.md, nineteenth session).
+// with the prefetch above int4 0.86-0.92x, int8 0.83-0.94x (`bench/decode_step.py --quantization
+// int4 --batch 1 --prefill 0` shows the one-row step against its floor).
 template <int Bits, Scales S, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;

@@ -1,6 +1,6 @@
 // How the kernels share a loop among the threads. On a shared machine the cores do not run at one
 // speed: another process on one core made a static half each a wait for the slower thread (libgomp
-// waiting was 9.6% of a 138-token prefill's samples, bench/RESULTS.md, eleventh session). Here each
+// waiting was 9.6% of a 138-token prefill's samples under `perf record`). Here each
 // thread takes the next chunk when it is done with its last, so a slowed thread takes fewer. Which
 // thread runs a chunk never changes what it computes: every kernel computes each output alone.
 #pragma once
@@ -26,13 +26,13 @@ void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
 // The projections' split of n output vectors and `rows` rows, fn(v_begin, v_end, m_begin, m_end).
 // Below kTakenFrom rows, where a step is one streaming pass over the weights: one even share of the
 // vectors a thread, every row. From kTakenFrom rows: groups of `group` vectors (a tile's width),
-// every row, taken as above (a 138-token prefill 9-12% faster than static halves, bench/RESULTS.md,
-// twelfth session), but the last groups, one a thread, each split into one part of the rows a
+// every row, taken as above (a 138-token prefill 9-12% faster than static halves; `bench/decode_step.py
+// --prefill 138` times it), but the last groups, one a thread, each split into one part of the rows a
 // thread, so that the threads finish together: whole groups left SmolLM2's o_proj and down_proj (9
 // groups of 4) at 5 groups and 4 on two threads. Only the last groups, because split groups are
 // read by every thread (all groups split: 8-64 rows 1.05-1.25x slower), and only where each part
 // has kPartTiles tiles of `row_tile` rows (the kernel's rows a tile, where parts begin): at 8 rows
-// the split ran 2-3% slower, the step still bound by the weights' reads (eighteenth session).
+// the split ran 2-3% slower, the step still bound by the weights' reads.
 constexpr int64_t kTakenFrom = 8;
 constexpr int64_t kPartTiles = 4;
 
