@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from tailrace import envs
 from tailrace.arg_types import (DTYPES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
                                 json_string_list, tensor_parallel_size, token_count)
 from tailrace.bench.cli import add_bench_parser, run_bench
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the model, as vLLM's --model takes it")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("TAILRACE_API_KEY"),
+    serve.add_argument("--api-key", default=envs.optional("TAILRACE_API_KEY"),
                        help="require this bearer key (default: $TAILRACE_API_KEY; none: no auth)")
     serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the model names clients may use; responses carry the first (default: the "

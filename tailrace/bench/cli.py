@@ -7,11 +7,12 @@ import asyncio
 import json
 import logging
 import math
-import os
 import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tailrace import envs
 
 if TYPE_CHECKING:  # the bench modules load only when a bench command runs
     from tailrace.bench.records import LevelResult
@@ -80,7 +81,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--request-rate", type=request_rate, default=math.inf,
                        help="requests/s, Poisson arrivals (default: inf, all at once within --concurrency)")
     serve.add_argument("--temperature", type=float, default=0.0, help="0 greedy (default), 1 sampled")
-    serve.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    serve.add_argument("--api-key", default=envs.optional("OPENAI_API_KEY"),
                        help="bearer key (default: $OPENAI_API_KEY)")
     serve.add_argument("--no-exact-length", action="store_true",
                        help="do not send ignore_eos and min_tokens (for servers that reject unknown fields)")

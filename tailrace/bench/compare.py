@@ -20,6 +20,7 @@ from pathlib import Path
 from time import monotonic
 from typing import Any
 
+from tailrace import envs
 from tailrace.bench.peers import PeerServer, PeerSettings, llamacpp, transformers, vllm
 from tailrace.bench.peers.install import PEERS_DIR
 from tailrace.bench.prompts import DEFAULT_TOKENS_PER_WORD, make_prompts
@@ -100,7 +101,7 @@ def ours_server(config: CompareConfig, settings: PeerSettings) -> PeerServer:
     command = [sys.executable, "-m", "tailrace", "serve", settings.model_dir, "--host", "127.0.0.1",
                "--port", str(settings.port), *(["--threads", str(config.threads)] if config.threads else []),
                "--kv-cache-memory-gb", str(settings.kv_cache_gb), "--dtype", settings.dtype, *config.ours_args]
-    return PeerServer(command, dict(os.environ), model="")  # the model is the one it lists
+    return PeerServer(command, envs.environment(), model="")  # the model is the one it lists
 
 
 def peer_settings(config: CompareConfig, model_dir: str) -> PeerSettings:

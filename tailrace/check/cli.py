@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
+from tailrace import envs
 from tailrace.check.results import GROUPS
 
 
@@ -17,7 +17,7 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     check = sub.add_parser("check", help="find the streaming bugs of any OpenAI-compatible server, check by check")
     check.add_argument("--base-url", required=True, help="server URL, with or without /v1")
     check.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
-    check.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    check.add_argument("--api-key", default=envs.optional("OPENAI_API_KEY"),
                        help="bearer key (default: $OPENAI_API_KEY); with one, a request without it must get 401")
     check.add_argument("--only", type=group_list, default=None, metavar="GROUPS",
                        help=f"run only these comma-separated groups: {', '.join(GROUPS)}")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from tailrace import envs
 from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
 from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
 from tailrace.engine.kv_budget import activation_bytes, fixed_kv_cache_bytes, gpu_kv_cache_bytes
@@ -248,7 +248,7 @@ def _use_triton_ops(model: LlamaForCausalLM) -> None:
     """A half-precision model's norms, rotary and SiLU-and-multiply through Triton (model/triton_ops.py),
     where triton is installed; PyTorch's ops otherwise, or with TAILRACE_TRITON_OPS=0 (as
     TAILRACE_CPU_KERNELS=0 for the CPU kernels: for a same-run comparison or a suspected kernel)."""
-    if os.environ.get("TAILRACE_TRITON_OPS", "1") == "0":
+    if not envs.enabled("TAILRACE_TRITON_OPS"):
         return
     try:
         from tailrace.model import triton_ops
@@ -261,8 +261,7 @@ def _use_triton_ops(model: LlamaForCausalLM) -> None:
 def _return_freed_heap() -> None:
     """Hand the C heap's free pages back to the system once the model and cache are in place.
     Loading frees many tensors under glibc's mmap threshold (float copies, packing), and glibc keeps
-    that memory for later allocations that never come: 46 MB of the SmolLM2 shape's engine RSS
-    (bench/RESULTS.md, eleventh session)."""
+    that memory for later allocations that never come (tens of MB of a small model's engine RSS)."""
     if sys.platform == "linux":
         trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc's; musl has none
         if trim is not None:

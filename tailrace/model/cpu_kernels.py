@@ -32,13 +32,15 @@ import contextlib
 import fcntl
 import functools
 import logging
-import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from tailrace import envs
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def target() -> str | None:
     """The build this CPU runs, as torch detects its instruction sets: "avx512" (F, BW, VL and DQ),
     "avx2", or None (no kernels). TAILRACE_CPU_KERNELS=0 turns them off, =avx2 takes the AVX2 build
     on an AVX-512 CPU too."""
-    asked = os.environ.get("TAILRACE_CPU_KERNELS", "1")
+    asked = envs.get("TAILRACE_CPU_KERNELS")
     if asked == "0":
         return None
     if asked != "avx2" and torch.cpu._is_avx512_supported():
@@ -103,28 +105,41 @@ def _building(directory: str | None) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True, slots=True)
+class Build:
+    """The kernels as this process has them: the module, or why there is none."""
+
+    module: ModuleType | None
+    isa: str | None
+    missing: str | None  # why module is None
+
+
 @functools.cache
-def kernels() -> ModuleType | None:
-    """The compiled module, or None where it cannot run here."""
+def build() -> Build:
+    """Build (once per environment) and load the kernels for this CPU."""
     from torch.utils import cpp_extension
 
-    isa = target()
+    asked, isa = envs.get("TAILRACE_CPU_KERNELS"), target()
     if isa is None:
-        return None
+        why = "TAILRACE_CPU_KERNELS=0" if asked == "0" else "this CPU has neither AVX-512 nor AVX2"
+        return Build(None, None, why)
     name = "tailrace_cpu_kernels" if isa == "avx512" else f"tailrace_cpu_kernels_{isa}"
-    path = os.environ.get("PATH", "")
     try:
         import ninja  # the pip package's binary: a venv's bin/ need not be on PATH
 
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])
         directory = _build_directory(name)
-        with _building(directory):
-            return cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
-                                      extra_cflags=_COMMON_FLAGS + _TARGETS[isa], extra_ldflags=["-fopenmp"],
-                                      verbose=False, build_directory=directory)
+        with envs.path_prepended(ninja.BIN_DIR), _building(directory):
+            module = cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES],
+                                        extra_cflags=_COMMON_FLAGS + _TARGETS[isa], extra_ldflags=["-fopenmp"],
+                                        verbose=False, build_directory=directory)
     except Exception as error:  # no compiler or ninja: the PyTorch paths serve instead
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        logger.warning("tailrace's CPU kernels did not build (%s); using PyTorch's kernels", first_line)
-        return None
-    finally:
-        os.environ["PATH"] = path
+        return Build(None, isa, f"the {isa} build failed: {first_line}")
+    # The kernels read no environment of their own: their process-wide switches come from here.
+    module.configure(amx=envs.enabled("TAILRACE_CPU_AMX"), bf16_dot=envs.enabled("TAILRACE_CPU_BF16_DOT"))
+    return Build(module, isa, None)
+
+
+def kernels() -> ModuleType | None:
+    """The compiled module, or None where it cannot run here (`build().missing` says why)."""
+    return build().module

@@ -11,8 +11,8 @@ through Python modules and the dispatcher. `FusedForward` (csrc/decoder.cpp) run
 float32 model's forward, from the embedding lookup through every layer to the final norm, in one call to
 the same kernel functions, in the same order with the same rounding points, so it gives the
 per-module path's bits in any batch (tests/test_fused_forward.py) and the engine's exactness holds
-on either path; a batch-1 decode step of SmolLM2-135M's 30 layers went from 14.7 to 11.6 ms
-(bench/RESULTS.md).
+on either path; it takes a fifth or more off a batch-1 decode step of a small model
+(bench/decode_step.py).
 """
 
 from __future__ import annotations

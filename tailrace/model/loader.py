@@ -138,9 +138,8 @@ def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32") ->
 def fast_cpu_bfloat16() -> bool:
     """AVX512-BF16 or AMX, or tailrace's CPU kernels, which run a bfloat16 layer on any AVX512 or
     AVX2 CPU with float32 FMAs in the hardware instruction's order. Without them PyTorch converts bfloat16
-    matmuls through float32 op by op: measured on an Ice Lake with neither, a 128-token prefill of
-    the SmolLM2-135M shape's matmuls took 877 ms in bfloat16 against 178 ms in float32, while
-    tailrace's bfloat16 decode step took 18 ms against float32's 68 ms (bench/RESULTS.md)."""
+    matmuls through float32 op by op, several times slower than float32, while tailrace's
+    bfloat16 decode step is several times faster than float32's (bench/decode_step.py)."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported() or bf16_linear.available()
 
 

@@ -1,4 +1,4 @@
-"""Load runs through the very scripts that produce the figures in bench/RESULTS.md: the disconnect
+"""Load runs through the very scripts that produce the reliability figures (bench/): the disconnect
 storm at full size, a short soak in CI, and the 10-minute soak when asked for (-m slow)."""
 
 from __future__ import annotations

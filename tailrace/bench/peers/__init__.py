@@ -9,9 +9,10 @@ Each module has the same small interface, and nothing else is shared between the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from tailrace import envs
 
 
 @dataclass(slots=True)
@@ -40,4 +41,4 @@ class PeerServer:
 
 def offline_env(**extra: str) -> dict[str, str]:
     """Our environment, with the Hugging Face hub off (every model here is a local directory)."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
+    return envs.environment(HF_HUB_OFFLINE="1", **extra)

@@ -22,10 +22,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "kernels.h"
 #include "vec.h"
 
 #ifdef __AMX_TILE__
@@ -65,12 +65,9 @@ bool cpu_has_amx_bf16() {
 
 // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM for XTILEDATA).
 bool amx_usable() {
-    static const bool usable = [] {
-        const char* env = std::getenv("TAILRACE_CPU_AMX");
-        if (env != nullptr && std::strcmp(env, "0") == 0)
-            return false;
-        return cpu_has_amx_bf16() && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    }();
+    if (!tailrace::amx_allowed())
+        return false;
+    static const bool usable = cpu_has_amx_bf16() && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
     return usable;
 }
 

@@ -23,8 +23,6 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -44,11 +42,8 @@ constexpr int kTileRows = 4, kTileVectors = 4, kLoneVectors = 8, kWideRows = 12,
 #else
 // The AVX2 build (avx2.h): 16 registers of 8 lanes, a vector two of them. 6 rows x 1 vector keeps
 // the 12 accumulators, one step's weight vector (2) and a broadcast input (1) in registers, where
-// the AVX-512 tiles spilled (float32 projections of the Gemma-3-1B shape at 32 rows took 1.42x
-// oneDNN's time with 4 x 4 tiles, bench/RESULTS.md, twenty-second session). Gemma-3-1B's bfloat16
-// projections on a 2-core Zen 1, these tiles against 4 rows taking both of a pair's weight vectors
-// at once: 1.09x at 32 and 128 rows, 1.17x its head at 32 rows, 1.42x its down projection at 512
-// rows (twenty-fifth session).
+// the AVX-512 tiles spill; and it is faster than 4 rows taking both of a pair's weight vectors at
+// once (bench/bf16_linear_ab.py on the Gemma-3-1B shape's projections).
 constexpr int kTileRows = 6, kTileVectors = 1, kLoneVectors = 4, kWideRows = 6, kWideVectors = 1;
 #endif
 constexpr int64_t kBlockPairs = 256; // K pairs per block: a tile's weights (64 KB) stay in L2
@@ -190,8 +185,7 @@ void run_groups(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begi
 }
 
 // x in float32 for the FMA pairs (exact), the vectors split over the threads: widened by the
-// calling thread alone, into a zeroed buffer, it was 2-3% of a 138-token prefill's samples while
-// the other threads waited (bench/RESULTS.md, eleventh session).
+// calling thread alone, it would be a serial part of every prefill while the other threads wait.
 std::unique_ptr<float[]> widened(const c10::BFloat16* x, int64_t count) {
     std::unique_ptr<float[]> out(new float[count]);
     at::parallel_for(0, (count + kLanes - 1) / kLanes, kWidenGrain, [&](int64_t v0, int64_t v1) {
@@ -229,13 +223,23 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 
 }  // namespace
 
-// AVX512-BF16, unless TAILRACE_CPU_BF16_DOT=0 asks for the FMA pairs (to test them where it is).
+namespace {
+// Set before any kernel runs and never after, so plain bools suffice.
+bool g_amx_allowed = true;
+bool g_bf16_dot_allowed = true;
+}  // namespace
+
+void tailrace::configure(bool amx, bool bf16_dot) {
+    g_amx_allowed = amx;
+    g_bf16_dot_allowed = bf16_dot;
+}
+
+bool tailrace::amx_allowed() { return g_amx_allowed; }
+
+// AVX512-BF16, unless configure() asked for the FMA pairs (to test them where it is).
 bool tailrace::native_bf16_dot() {
-    static const bool native = [] {
-        const char* env = std::getenv("TAILRACE_CPU_BF16_DOT");
-        return __builtin_cpu_supports("avx512bf16") && !(env != nullptr && std::strcmp(env, "0") == 0);
-    }();
-    return native;
+    static const bool has = __builtin_cpu_supports("avx512bf16");
+    return has && g_bf16_dot_allowed;
 }
 
 void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
@@ -248,11 +252,10 @@ void tailrace::bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, 
     // Tiles on AVX-512 (the AVX2 build's are smaller, see kTileRows): 4 rows x 4 vectors (16
     // accumulators, each weight load serving 4 rows), but where the FMA pairs widen every weight vector, 12 rows x 2 vectors (24 accumulators) from 8 rows on:
     // the widening is then 4 of 52 vector instructions a step instead of 8 of 40. Same-process A/B
-    // on SmolLM2's projections, 2 threads: 5-14% faster at 32 and 128 rows, 2-4% at 8; 8 x 2
-    // tiles gained 1-3%, 16 x 1 lost 40% (bench/RESULTS.md, tenth session).
-    // A lone row with AVX512-BF16 reads 8 vectors at a time: 8 runs of weights in flight instead of
-    // 4, a one-row bfloat16 decode step of SmolLM2-135M 5% faster on a 2-core Zen 4, where software
-    // prefetching made it slower (bench/RESULTS.md, fifteenth session).
+    // on SmolLM2's projections (bench/bf16_linear_ab.py) is faster at 8 rows and more, and
+    // beats 8 x 2 and 16 x 1 tiles. A lone row with AVX512-BF16 reads 8 vectors at a time: 8 runs
+    // of weights in flight instead of 4 keep the memory busier for a one-row decode step
+    // (bench/decode_step.py), where software prefetching does not.
     const bool wide = !native && p.M >= kWideFrom;
     const int64_t row_tile = wide ? kWideRows : kTileRows;
     tailrace::parallel_vectors(p.NV, wide ? kWideVectors : kTileVectors, p.M, row_tile,
@@ -286,4 +289,6 @@ void tailrace::f32_linear(const float* x, const float* packed, int64_t vectors, 
 
 void register_bf16_linear(pybind11::module& m) {
     m.def("linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16 or float32, AVX512)");
+    m.def("configure", &tailrace::configure, pybind11::arg("amx"), pybind11::arg("bf16_dot"),
+          "the process-wide switches: AMX tiles and AVX512-BF16's dot product allowed where the CPU has them");
 }

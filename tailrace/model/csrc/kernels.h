@@ -21,8 +21,13 @@ void bf16_linear(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t ve
 // values 16 lanes apart).
 void f32_linear(const float* x, const float* packed, int64_t vectors, const float* bias, float* y, int64_t rows,
                 int64_t k, int64_t n);
+// bf16_linear.cpp: the process-wide switches, set once from Python (cpu_kernels.build) before any
+// kernel runs: whether AMX tiles may serve bfloat16 projections, and whether AVX512-BF16's dot
+// product may (false: two FMAs a pair, the same sums, as CPUs without it compute them).
+void configure(bool amx, bool bf16_dot);
+bool amx_allowed();
 // bf16_linear.cpp: whether bfloat16 pairs are summed by AVX512-BF16's vdpbf16ps (else by two FMAs
-// a pair, the same sums): the CPU has it, and TAILRACE_CPU_BF16_DOT=0 does not ask for the FMAs.
+// a pair, the same sums): the CPU has it, and configure() allowed it.
 bool native_bf16_dot();
 // f(std::true_type{}) where T is bfloat16 and native_bf16_dot() (AVX512-BF16's vdpbf16ps and
 // vcvtneps2bf16 for its dot products and rounding), else f(std::false_type{}): the Native argument
@@ -44,7 +49,7 @@ void up_to(int64_t n, const F& f) {
     f(std::integral_constant<int, Most>{});
 }
 // bf16_amx.cpp: the same product on AMX tiles; false (and nothing written) where they cannot run:
-// no AMX, the OS refused the tile state, TAILRACE_CPU_AMX=0, or k not a multiple of 32.
+// no AMX, the OS refused the tile state, configure() disallowed it, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                      c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
 
