@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
 from tailrace.engine.sampler import greedy_tokens
-from tailrace.model import bf16_linear, cpu_ops
+from tailrace.model import backends, bf16_linear, cpu_ops
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.cpu_linear import PackedLinear, packable
 from tailrace.model.loader import load_model
@@ -46,7 +46,9 @@ def load_as_engine(model_dir: str, dtype: str = "float32", quantization: str | N
     """The model as the engine's model runner prepares it on the CPU: loaded, quantized or packed,
     its weights on huge pages, and with tailrace's elementwise kernels where they run."""
     model, config = load_model(model_dir, dtype=dtype, load_format=load_format, quantization=quantization)
-    return cpu_ops.prepare(model, torch.device("cpu"), quantization, huge_pages) if pack else model, config
+    if pack:
+        print(backends.prepare(model, torch.device("cpu"), quantization, huge_pages).line(model))
+    return model, config
 
 
 def read_bandwidth(threads: int, repeats: int = 5) -> float:
@@ -245,8 +247,8 @@ def main() -> None:
     floor = weight_bytes / bandwidth
     paths = None
     if (args.ab_fused or args.ab_huge_pages) and model.model.fused_forward is None:
-        parser.error("the A/B paths are whole-forward calls: this model runs module by module only (see "
-                     "cpu_ops.fusable)")
+        parser.error("the A/B paths are whole-forward calls: this model runs module by module only (the "
+                     "backends line above says why)")
     if args.ab_fused:
         paths = {"fused": _with_forward(model, model.model.fused_forward), "modules": _with_forward(model, None)}
     if args.ab_huge_pages:

@@ -76,13 +76,17 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                         help="ranks (processes, one device each) to split the model over, Megatron-style; "
                              "gloo on CPU, nccl on CUDA (default: 1)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: run decode steps eagerly")
+    parser.add_argument("--strict-backends", action="store_true",
+                        help="do not start where a CPU model would run any part on PyTorch's slower paths "
+                             "(tailrace's kernels not built, or not taking some layer); the error says why")
     parser.add_argument("--in-process", action="store_true",
                         help="run the engine core on a thread of this process (debugging)")
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, enable_prefix_caching=args.enable_prefix_caching,
-                        enforce_eager=args.enforce_eager, in_process=args.in_process,
+                        enforce_eager=args.enforce_eager, strict_backends=args.strict_backends,
+                        in_process=args.in_process,
                         tensor_parallel_size=args.tensor_parallel_size,
                         **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 

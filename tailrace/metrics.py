@@ -13,12 +13,14 @@ Engine-side numbers are read from `EngineStats` at scrape time rather than pushe
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
+                                    Metric)
 from prometheus_client.utils import floatToGoString
 
 from tailrace.engine.stats import EngineStats
@@ -76,6 +78,7 @@ class ServerMetrics:
         self.request_prompt_tokens = Histogram(_TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(_TOKEN_BUCKETS)
         self._stats = EngineStats()
+        self._backends: dict[str, str] = {}
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -96,9 +99,11 @@ class ServerMetrics:
         self.request_prompt_tokens.observe(prompt_tokens)
         self.request_generation_tokens.observe(generation_tokens)
 
-    def render(self, stats: EngineStats) -> bytes:
-        """The Prometheus text exposition, with the engine's numbers taken from `stats`."""
+    def render(self, stats: EngineStats, backends: dict[str, str] | None = None) -> bytes:
+        """The Prometheus text exposition, with the engine's numbers taken from `stats` and what
+        runs the model from `backends` (model/backends.py's record; None before the model loads)."""
         self._stats = stats
+        self._backends = backends or {}
         return generate_latest(self)  # type: ignore[arg-type]  # it only calls collect()
 
     def collect(self) -> Iterator[Metric]:
@@ -109,6 +114,11 @@ class ServerMetrics:
         s = self._stats
         yield own.gauge("num_free_kv_blocks", "Free KV-cache blocks.", s.num_free_blocks)
         yield own.gauge("num_total_kv_blocks", "All KV-cache blocks.", s.num_total_blocks)
+        if self._backends:
+            # Label names are identifiers: "fused forward not taken" becomes fused_forward_not_taken.
+            labels = {re.sub(r"\W+", "_", key): value for key, value in self._backends.items()}
+            yield InfoMetricFamily("tailrace:backend", "What runs the model, and why not the faster paths.",
+                                   value={**own.labels, **labels})
 
     def _families(self, names: _Names) -> Iterator[Metric]:
         s = self._stats

@@ -66,6 +66,7 @@ class FakeEngine:
     model_path: str = "fake"
     errored: bool = False
     is_ready: bool = True
+    backends: dict[str, str] = field(default_factory=dict)
     started: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
     closed_unfinished: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)

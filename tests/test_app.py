@@ -34,6 +34,7 @@ class FakeEngine:
         self.fail_with: Exception | None = None
         self.fail_at = 0
         self.engine_stats = EngineStats()
+        self.backends = {"device": "cpu", "fused_forward": "yes"}
 
     @property
     def is_ready(self) -> bool:
@@ -213,6 +214,23 @@ def test_dead_engine_is_503(engine, client):
 def test_generation_before_the_engine_is_ready_is_503(engine, client, path, body):
     engine.ready = False
     assert_openai_error(client.post(path, json=body), 503, code="engine_unavailable")
+
+
+@pytest.mark.parametrize("method,path,body", [("get", "/v1/models", None), ("get", f"/v1/models/{MODEL}", None),
+                                              ("post", "/tokenize", {"prompt": "hi"})])
+def test_what_describes_the_model_is_503_until_it_has_loaded(engine, client, method, path, body):
+    engine.ready = False
+    kwargs = {} if body is None else {"json": body}
+    assert_openai_error(getattr(client, method)(path, **kwargs), 503, code="engine_unavailable")
+    engine.ready = True
+    assert getattr(client, method)(path, **kwargs).status_code == 200
+
+
+def test_models_and_metrics_say_what_runs_the_model(client):
+    [card] = client.get("/v1/models").json()["data"]
+    assert card["backends"] == {"device": "cpu", "fused_forward": "yes"}
+    metrics = client.get("/metrics").text
+    assert 'tailrace:backend_info{device="cpu",fused_forward="yes",model_name="' in metrics
 
 
 def test_unfixable_4xx_says_do_not_retry(client):

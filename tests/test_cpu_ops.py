@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from tailrace.model import cpu_ops
+from tailrace.model import backends, cpu_ops
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
                                   swiglu_oai_and_mul)
@@ -158,7 +158,8 @@ def test_kernels_refuse_what_they_cannot_compute():
 def test_a_model_on_the_kernels_predicts_what_the_eager_model_does(dtype, min_agreement):
     eager, config = load_model(str(EMBEDDED), dtype=dtype)
     fast, _ = load_model(str(EMBEDDED), dtype=dtype)
-    assert cpu_ops.usable(fast, torch.device("cpu")) and not cpu_ops.usable(fast, torch.device("meta"))
+    assert backends.select(fast, torch.device("cpu"), None).kernel_elementwise
+    assert not backends.select(fast, torch.device("meta"), None).kernel_elementwise
     cpu_ops.use_cpu_kernels(fast)
     assert not any(type(m) is RMSNorm for m in fast.modules())
     tokens = list(range(300, 364))

@@ -13,7 +13,7 @@ from gguf_writer import write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailrace.model import bf16_linear, cpu_ops, int_linear
+from tailrace.model import backends, bf16_linear, cpu_ops, int_linear
 from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.config import parse_model_config
 from tailrace.model.layer_plan import NORMS, Step
@@ -82,7 +82,8 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
                 param.copy_(torch.randn(param.shape, generator=g) * 0.06)
     if quantization is not None:
         quantize_model(model, quantization)
-    return cpu_ops.prepare(model, CPU, quantization, huge_pages)
+    backends.prepare(model, CPU, quantization, huge_pages)
+    return model
 
 
 def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
@@ -167,7 +168,7 @@ def test_lookups_in_a_tied_int8_heads_codes_give_the_per_module_bits(grouped):
 @needs_int_kernel
 def test_a_tied_q8_0_gguf_runs_in_one_call_reading_its_table_from_the_moved_head(tmp_path):
     model, _ = load_model(str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0)), dtype="bfloat16", quantization="int8")
-    model = cpu_ops.prepare(model, CPU, "int8")
+    backends.prepare(model, CPU, "int8")
     assert isinstance(model.model.embed_tokens, int_linear.IntEmbedding)
     assert model.model.embed_tokens.codes is model.lm_head.codes  # gather_weights moved them: no second copy
     assert_one_call_gives_the_per_module_bits(model)
@@ -277,11 +278,17 @@ def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
     assert not fused.takes(float32)  # pages of another dtype than the model's
 
 
-def test_only_a_model_on_kernel_projections_at_its_dtype_is_fused():
+def test_only_a_model_on_kernel_projections_at_its_dtype_is_fused_and_the_choice_says_why_not():
     config = random_model("llama").config
-    float32 = cpu_ops.prepare(LlamaForCausalLM(config, torch.float32), CPU, None)
-    assert float32.model.fused_forward.dtype == torch.float32
-    quantized = cpu_ops.prepare(LlamaForCausalLM(config, torch.bfloat16), CPU, "int8")  # projections left unpacked
-    assert quantized.model.fused_forward is None
-    half = cpu_ops.prepare(LlamaForCausalLM(config, torch.float16), CPU, None)
+    float32 = LlamaForCausalLM(config, torch.float32)
+    chosen = backends.prepare(float32, CPU, None)
+    assert float32.model.fused_forward.dtype == torch.float32 and chosen.fused
+    assert "fused forward" not in chosen.not_taken
+    quantized = LlamaForCausalLM(config, torch.bfloat16)  # asked for int8 but never quantized: plain Linear
+    chosen = backends.prepare(quantized, CPU, "int8")
+    assert quantized.model.fused_forward is None and not chosen.fused
+    assert chosen.not_taken["fused forward"] == "layer 0's qkv_proj is Linear"
+    half = LlamaForCausalLM(config, torch.float16)
+    chosen = backends.prepare(half, CPU, None)
     assert half.model.fused_forward is None
+    assert chosen.not_taken["elementwise kernels"].startswith("dtype torch.float16")

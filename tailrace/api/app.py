@@ -130,18 +130,22 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "tailrace",
-                "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len}
+                "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len,
+                "backends": engine.backends}
 
     async def list_models() -> Response:
+        _check_loaded(engine)
         return _json({"object": "list", "data": [model_card(name) for name in names]})
 
     async def get_model(model: str) -> Response:
+        _check_loaded(engine)
         _check_model(names, model)
         return _json(model_card(model))
 
     async def tokenize(request: Request) -> Response:
         body = await _parse(request, TokenizeRequest)
         _check_model(names, body.model)
+        _check_loaded(engine)
         tokens = _tokenize(engine, body)
         return _json({"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len})
 
@@ -207,7 +211,7 @@ def _metrics_route(engine: EngineClient, metrics: ServerMetrics) -> APIRouter:
     router = APIRouter()
 
     async def scrape() -> Response:
-        return Response(metrics.render(engine.stats()), media_type=METRICS_CONTENT_TYPE)
+        return Response(metrics.render(engine.stats(), engine.backends), media_type=METRICS_CONTENT_TYPE)
 
     router.add_api_route("/metrics", scrape, methods=["GET"])
     return router
@@ -216,6 +220,12 @@ def _metrics_route(engine: EngineClient, metrics: ServerMetrics) -> APIRouter:
 def _check_model(names: tuple[str, ...], model: str | None) -> None:
     if model is not None and model not in names:
         raise model_not_found(model)
+
+
+def _check_loaded(engine: EngineClient) -> None:
+    """What describes the model (its context length, what runs it) is known once it has loaded."""
+    if not engine.is_ready:
+        raise engine_unavailable("The model is still loading or has stopped. Please retry shortly.")
 
 
 def _check_ready(request: Request, engine: EngineClient) -> None:

@@ -118,6 +118,11 @@ class EngineClient:
             raise EngineDeadError(self._dead_reason)
 
     @property
+    def backends(self) -> dict[str, str]:
+        """What runs the model, and why not the faster paths (model/backends.py); empty until it loads."""
+        return {} if self.info is None else self.info.backends
+
+    @property
     def is_ready(self) -> bool:
         return self._ready.is_set() and self._dead_reason is None
 

@@ -24,6 +24,8 @@ class EngineConfig:
     device: str = "auto"  # cuda when a GPU is visible, else cpu
     attention: str = "auto"  # the KV layout: "slab" on CPU, "paged" (block tables) on CUDA
     enforce_eager: bool = False  # no CUDA graphs for decode steps
+    # Refuse to start where a CPU model would run any part on PyTorch's slower paths (model/backends.py).
+    strict_backends: bool = False
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16

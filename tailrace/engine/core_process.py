@@ -45,6 +45,7 @@ class ReadyMsg(msgspec.Struct, tag="ready"):
     dtype: str
     device: str  # "cpu" or "cuda": what "auto" became
     stats: EngineStats
+    backends: dict[str, str]  # what runs the model, and why not the rest (model/backends.py)
 
 
 class OutputsMsg(msgspec.Struct, tag="out"):
@@ -90,7 +91,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     mc = core.runner.model_config
     dtype = str(core.runner.model.dtype).removeprefix("torch.")
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
-                                            mc.vocab_size, dtype, core.runner.device.type, core.stats())))
+                                            mc.vocab_size, dtype, core.runner.device.type, core.stats(),
+                                            core.runner.backends.record(core.runner.model))))
     try:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):

@@ -29,7 +29,7 @@ from tailrace.engine.structured import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
 from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
-from tailrace.model import cpu_ops
+from tailrace.model import backends
 from tailrace.model.attention import KVCache, plain_attention
 from tailrace.model.loader import load_model, resolve_quantization
 from tailrace.model.paged_attention import PagedKVCache
@@ -102,7 +102,7 @@ class ModelRunner:
             device=str(self.device), seed=config.seed, quantization=quantization,
             shard=None if tp is None else tp.shard, max_model_len=config.max_model_len,
         )
-        cpu_ops.prepare(self.model, self.device, quantization)
+        self.backends = backends.prepare(self.model, self.device, quantization)
         plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
                     for layer in self.model.model.layers)
         self.attention = resolve_attention(config.attention, str(self.device), plain)
@@ -133,6 +133,10 @@ class ModelRunner:
             self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
                                  max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
             scratch_block = None
+        backends.settle_attention(self.backends, self.cache)
+        self.backends.check_strict(config.strict_backends)
+        if tp is None or tp.rank == 0:
+            log.info("%s", self.backends.line(self.model))
         self.inputs = StepInputBuilder(max(config.max_num_batched_tokens, config.max_num_seqs), config.block_size,
                                        scratch_block, self.device)
         self.graphs = None

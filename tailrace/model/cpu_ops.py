@@ -18,13 +18,14 @@ on either path; it takes a fifth or more off a batch-1 decode step of a small mo
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
 from tailrace.model.attention import AttentionBatch, KVCache
 from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
 from tailrace.model.cpu_kernels import kernels
-from tailrace.model.cpu_linear import pack_linears, pack_routers, packable
+from tailrace.model.cpu_linear import pack_linears, pack_routers
 from tailrace.model.huge_pages import Arena, release_freed
 from tailrace.model.int_linear import IntEmbedding, IntLinear
 from tailrace.model.layer_plan import norms_of
@@ -33,7 +34,9 @@ from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, Llama
                                   replace_elementwise)
 from tailrace.model.paged_attention import PagedKVCache
 
-DTYPES = (torch.float32, torch.bfloat16)
+if TYPE_CHECKING:
+    from tailrace.model.backends import Backends
+
 
 
 class KernelRMSNorm(Module):
@@ -45,13 +48,6 @@ class KernelRMSNorm(Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._rms_norm(x, self.weight, self.eps)
-
-
-def usable(model: LlamaForCausalLM, device: torch.device) -> bool:
-    """On the CPU, at a dtype the kernels take, with head_dim a multiple of 32 (the rotary kernel's
-    runs of 16 lanes never straddle the half-way roll)."""
-    return (device.type == "cpu" and model.dtype in DTYPES and model.config.head_dim % 32 == 0
-            and kernels() is not None)
 
 
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
@@ -71,9 +67,13 @@ def _act_and_mul(config: ModelConfig) -> dict:
             "swiglu_oai": functools.partial(ops.swiglu_oai_mul, alpha=config.swiglu_alpha, limit=config.swiglu_limit)}
 
 
-def _runs_kernel(function: object) -> bool:
+def runs_kernel(function: object) -> bool:
     """function is one of the kernels' (or a partial of one)."""
     return getattr(function, "func", function) in vars(kernels()).values()
+
+
+def is_kernel_norm(norm: Module, eps: float) -> bool:
+    return type(norm) is KernelRMSNorm and norm.eps == eps
 
 
 class FusedForward:
@@ -132,10 +132,6 @@ class FusedForward:
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
 _STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
-# the projections FusedForward runs at each dtype
-_FUSED = {torch.bfloat16: (Bf16Linear, IntLinear), torch.float32: (Float32Linear,)}
-
-
 def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.Tensor | None]:
     """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias."""
     return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]
@@ -143,35 +139,6 @@ def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.T
 
 def _weight(norm: Module | None) -> torch.Tensor | None:
     return None if norm is None else norm.weight
-
-
-def fusable(model: LlamaForCausalLM) -> bool:
-    """bfloat16 or float32, and every part on the kernels FusedForward calls: a plain, packed or int8
-    embedding, packed projections (or, at bfloat16, integer ones), packed routers, kernel norms at
-    the config's eps, the rotary, activation and routing kernels."""
-    eps, kinds = model.config.rms_norm_eps, _FUSED.get(model.dtype)
-    return (kinds is not None and type(model.model.embed_tokens) in (Embedding, PackedEmbedding, IntEmbedding)
-            and _kernel_norm(model.model.norm, eps)
-            and all(_fusable_layer(layer, eps, kinds, kernel_linear(model.dtype)) for layer in model.model.layers))
-
-
-def _kernel_norm(norm: Module, eps: float) -> bool:
-    return type(norm) is KernelRMSNorm and norm.eps == eps
-
-
-def _fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...], router_kind: type | None) -> bool:
-    attn, mlp = layer.self_attn, layer.mlp
-    projections = [attn.qkv_proj, attn.o_proj]
-    if isinstance(mlp, MoE):  # a packed router at the model's dtype (pack_routers), the kernels' choice
-        projections += [p for expert in mlp.experts for p in (expert.gate_up_proj, expert.down_proj)]
-        if type(mlp.gate) is not router_kind or not _runs_kernel(mlp.choose):
-            return False
-    else:
-        projections += [mlp.gate_up_proj, mlp.down_proj]
-    norms = [getattr(layer, name) for name in norms_of(layer.steps)] + [attn.q_norm, attn.k_norm]
-    return (all(type(p) in kinds for p in projections)
-            and all(_kernel_norm(n, eps) for n in norms if n is not None)
-            and attn.rotate is kernels().rotary and _runs_kernel(mlp.act_and_mul))
 
 
 _RELEASE_EVERY = 256 << 20  # bytes of weights moved between hand-backs of the old copies' memory
@@ -202,21 +169,14 @@ def gather_weights(model: LlamaForCausalLM) -> None:
         model.model.embed_tokens = IntEmbedding(model.lm_head, embed.dtype)
 
 
-def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
-            huge_pages: bool = True) -> LlamaForCausalLM:
-    """What a loaded model gets before it serves, where it helps on this device: projections packed
-    (unless quantized), routers packed (quantized or not), all gathered onto huge pages, then the
-    elementwise and routing kernels, then the whole forward in one call where the model runs on
-    nothing else. `huge_pages` off leaves the weights
-    where packing put them (bench/decode_step.py's baseline)."""
-    if quantization is None and packable(model.dtype, device):
+def apply(model: LlamaForCausalLM, backends: Backends) -> None:
+    """What backends.select chose, in place and in order: projections packed, routers packed, all
+    gathered onto huge pages, then the elementwise and routing kernels."""
+    if backends.pack_linears:
         pack_linears(model)
-    if device.type == "cpu":
+    if backends.pack_routers:
         pack_routers(model)
-    if device.type == "cpu" and huge_pages:
+    if backends.huge_pages:
         gather_weights(model)
-    if usable(model, device):
+    if backends.kernel_elementwise:
         use_cpu_kernels(model)
-        if fusable(model):
-            model.model.fused_forward = FusedForward(model)
-    return model

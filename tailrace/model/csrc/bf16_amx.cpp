@@ -161,6 +161,8 @@ bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_
     return true;
 }
 
+bool amx_active() { return amx_usable(); }
+
 }  // namespace tailrace
 
 #else  // the x86-64-v3 build: no AMX CPU lacks AVX-512, so the AVX-512 build serves every one
@@ -171,6 +173,8 @@ bool bf16_linear_amx(const c10::BFloat16*, const c10::BFloat16*, int64_t, const 
                      int64_t, int64_t) {
     return false;
 }
+
+bool amx_active() { return false; }
 
 }  // namespace tailrace
 

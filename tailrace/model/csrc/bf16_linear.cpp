@@ -291,4 +291,6 @@ void register_bf16_linear(pybind11::module& m) {
     m.def("linear", &linear, "y = x @ W.T + bias over weights packed as [NV, K/2, 32] (bfloat16 or float32, AVX512)");
     m.def("configure", &tailrace::configure, pybind11::arg("amx"), pybind11::arg("bf16_dot"),
           "the process-wide switches: AMX tiles and AVX512-BF16's dot product allowed where the CPU has them");
+    m.def("amx_active", &tailrace::amx_active, "AMX tiles serve bfloat16 projections here");
+    m.def("bf16_dot_active", &tailrace::native_bf16_dot, "AVX512-BF16's dot product serves bfloat16 pairs here");
 }

@@ -52,6 +52,8 @@ void up_to(int64_t n, const F& f) {
 // no AMX, the OS refused the tile state, configure() disallowed it, or k not a multiple of 32.
 bool bf16_linear_amx(const c10::BFloat16* x, const c10::BFloat16* packed, int64_t vectors, const float* bias,
                      c10::BFloat16* y, int64_t rows, int64_t k, int64_t n);
+// bf16_amx.cpp: whether AMX tiles serve bfloat16 projections in this process.
+bool amx_active();
 
 // int_linear.cpp: integer codes with float16 scales (see there for the layouts).
 struct IntWeights {

@@ -1,0 +1,218 @@
+"""Which code runs a loaded model, decided here once per load and said in one start-up record.
+
+`prepare` is the one entry: `select` decides, from the device, the CPU, the model's dtype and
+shape and how its weights loaded: the kernel build (ISA), whether projections are packed for
+tailrace's kernels (or oneDNN), the elementwise kernels, the routers, huge pages. `cpu_ops.apply`
+carries that out and decides nothing; `settle_fused` then says whether every part the
+whole-forward loop calls ended up on its kernels, naming the first part that did not. The runner adds the attention kernel its KV
+cache took (`attention`). Each choice short of the best this machine could run carries its
+reason in `not_taken`, which `record()` and `line()` put in the log, /metrics and /v1/models.
+
+With `strict` (`--strict-backends`), a CPU model that would run any part on PyTorch's slower
+paths does not start: the error names each reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from tailrace.model import bf16_linear, cpu_kernels, cpu_ops, int_linear
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
+from tailrace.model.cpu_linear import packable
+from tailrace.model.cpu_ops import is_kernel_norm, runs_kernel
+from tailrace.model.int_linear import IntEmbedding, IntLinear
+from tailrace.model.attention import KVCache
+from tailrace.model.layer_plan import norms_of
+from tailrace.model.llama import DecoderLayer, Embedding, LlamaForCausalLM, MoE
+from tailrace.model.paged_attention import PagedKVCache
+
+log = logging.getLogger("tailrace.backends")
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# The projections the whole-forward loop runs at each dtype.
+FUSED_PROJECTIONS = {torch.bfloat16: (Bf16Linear, IntLinear), torch.float32: (Float32Linear,)}
+
+
+class BackendError(RuntimeError):
+    """--strict-backends refused a model that would run on PyTorch's slower paths."""
+
+
+@dataclass(slots=True)
+class Backends:
+    device: str
+    dtype: str
+    isa: str  # the kernel build: "avx512", "avx2" or "none"
+    pack_linears: bool  # float projections packed (tailrace's kernel, else oneDNN)
+    pack_routers: bool
+    huge_pages: bool
+    kernel_elementwise: bool  # norms, rotary, activations and expert routing on tailrace's kernels
+    fused: bool = False  # the whole forward in one kernel call
+    attention: str = ""  # set by the runner once its KV cache exists
+    not_taken: dict[str, str] = field(default_factory=dict)  # choice -> why the better path is not taken
+
+    def record(self, model: LlamaForCausalLM) -> dict[str, str]:
+        """Every choice by name, as text, for the log, /metrics and /v1/models."""
+        out = {"device": self.device, "dtype": self.dtype, "isa": self.isa,
+               "projections": _projections(model), "embedding": type(model.model.embed_tokens).__name__,
+               "elementwise": ("tailrace" if self.kernel_elementwise
+                               else "triton" if self.device.startswith("cuda") and _triton_ops(model) else "pytorch"),
+               "attention": self.attention, "fused_forward": "yes" if self.fused else "no"}
+        out.update({f"{name} not taken": why for name, why in self.not_taken.items()})
+        return out
+
+    def line(self, model: LlamaForCausalLM) -> str:
+        return "backends: " + " | ".join(f"{k} = {v}" for k, v in self.record(model).items())
+
+    def check_strict(self, strict: bool) -> None:
+        """With strict on, refuse a CPU model with any choice not taken."""
+        if strict and self.device == "cpu" and self.not_taken:
+            reasons = "; ".join(f"{name}: {why}" for name, why in self.not_taken.items())
+            raise BackendError(f"--strict-backends: this model would run on PyTorch's slower paths ({reasons})")
+
+
+def select(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
+           huge_pages: bool = True) -> Backends:
+    """What `cpu_ops.apply` carries out on this loaded model."""
+    build = cpu_kernels.build() if device.type == "cpu" else None
+    isa = build.isa if build is not None and build.module is not None else "none"
+    not_taken: dict[str, str] = {}
+    if build is not None and build.module is None:
+        not_taken["cpu kernels"] = (f"{build.missing}; PyTorch's kernels serve, several times slower "
+                                    "(install a C++ compiler and ninja, then restart)")
+        log.warning("tailrace's CPU kernels are not in use: %s", not_taken["cpu kernels"])
+    pack = quantization is None and packable(model.dtype, device)
+    if device.type == "cpu" and quantization is None and not bf16_linear.available():
+        not_taken["projections on tailrace's kernel"] = "no kernel build"
+    if device.type == "cpu" and quantization is not None and not int_linear.available():
+        not_taken["integer projections on tailrace's kernel"] = (
+            "no kernel build" if build is None or build.module is None else "this CPU lacks AVX512-VNNI")
+    elementwise, why = _elementwise(model, device, build)
+    if why:
+        not_taken["elementwise kernels"] = why
+    return Backends(device=str(device), dtype=str(model.dtype).removeprefix("torch."), isa=isa, pack_linears=pack,
+                    pack_routers=device.type == "cpu", huge_pages=device.type == "cpu" and huge_pages,
+                    kernel_elementwise=elementwise, not_taken=not_taken)
+
+
+def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
+            huge_pages: bool = True) -> Backends:
+    """Choose the backends for a loaded model and put them in place; what was chosen, and why not
+    the rest. `huge_pages` off leaves the weights where packing put them (bench/decode_step.py's
+    baseline)."""
+    backends = select(model, device, quantization, huge_pages)
+    cpu_ops.apply(model, backends)
+    settle_fused(backends, model)
+    if backends.fused:
+        model.model.fused_forward = cpu_ops.FusedForward(model)
+    return backends
+
+
+def _elementwise(model: LlamaForCausalLM, device: torch.device,
+                 build: cpu_kernels.Build | None) -> tuple[bool, str | None]:
+    """Whether the elementwise kernels run this model: on the CPU, at a dtype they take, with
+    head_dim a multiple of 32 (the rotary kernel's runs of 16 lanes never straddle the half-way roll)."""
+    if device.type != "cpu":
+        return False, None
+    if build is None or build.module is None:
+        return False, "no kernel build"
+    if model.dtype not in KERNEL_DTYPES:
+        return False, f"dtype {model.dtype} (the kernels take float32 and bfloat16)"
+    if model.config.head_dim % 32:
+        return False, f"head_dim {model.config.head_dim} is not a multiple of 32"
+    return True, None
+
+
+def settle_fused(backends: Backends, model: LlamaForCausalLM) -> None:
+    """After the choices are applied: whether the whole forward runs as one kernel call."""
+    if not backends.kernel_elementwise:
+        return  # said already
+    why = _not_fusable(model)
+    backends.fused = why is None
+    if why is not None:
+        backends.not_taken["fused forward"] = why
+
+
+def settle_attention(backends: Backends, cache: KVCache | PagedKVCache) -> None:
+    """The attention the runner's KV cache runs (its layout as engine/config.resolve_attention chose it)."""
+    if not isinstance(cache, PagedKVCache):
+        backends.attention = "slab (PyTorch)"
+    elif cache.use_triton:
+        backends.attention = "paged (Triton)"
+    elif cache.runs_native_kernel:
+        backends.attention = "paged (tailrace)"
+    else:
+        backends.attention = "paged (PyTorch)"
+    if backends.device == "cpu" and backends.attention != "paged (tailrace)":
+        backends.not_taken["attention on tailrace's kernel"] = (
+            "no kernel build" if backends.isa == "none" else "--attention slab was asked for"
+            if not isinstance(cache, PagedKVCache)
+            else "the kernel takes float32 or bfloat16 with head_dim a multiple of 16 up to 256")
+
+
+def _not_fusable(model: LlamaForCausalLM) -> str | None:
+    """None when every part the whole-forward loop calls is on its kernels: a plain, packed or
+    integer embedding, packed projections (or, at bfloat16, integer ones), packed routers, kernel
+    norms at the config's eps, the rotary, activation and routing kernels; else the first part that is not."""
+    eps, kinds = model.config.rms_norm_eps, FUSED_PROJECTIONS.get(model.dtype)
+    if kinds is None:
+        return f"dtype {model.dtype}"
+    embed = model.model.embed_tokens
+    if type(embed) not in (Embedding, PackedEmbedding, IntEmbedding):
+        return f"the embedding is {type(embed).__name__}"
+    if not is_kernel_norm(model.model.norm, eps):
+        return "the final norm is not the kernel's"
+    router_kind = kernel_linear(model.dtype)
+    for index, layer in enumerate(model.model.layers):
+        why = _not_fusable_layer(layer, eps, kinds, router_kind)
+        if why is not None:
+            return f"layer {index}'s {why}"
+    return None
+
+
+def _not_fusable_layer(layer: DecoderLayer, eps: float, kinds: tuple[type, ...], router_kind: type | None) -> str | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = {"qkv_proj": attn.qkv_proj, "o_proj": attn.o_proj}
+    if isinstance(mlp, MoE):
+        if type(mlp.gate) is not router_kind:
+            return f"router is {type(mlp.gate).__name__}"
+        if not runs_kernel(mlp.choose):
+            return "choice of experts is not the kernel's"
+        for e, expert in enumerate(mlp.experts):
+            projections |= {f"expert {e} gate_up_proj": expert.gate_up_proj, f"expert {e} down_proj": expert.down_proj}
+    else:
+        projections |= {"gate_up_proj": mlp.gate_up_proj, "down_proj": mlp.down_proj}
+    for name, projection in projections.items():
+        if type(projection) not in kinds:
+            return f"{name} is {type(projection).__name__}"
+    norms = {name: getattr(layer, name) for name in norms_of(layer.steps)} | {"q_norm": attn.q_norm,
+                                                                             "k_norm": attn.k_norm}
+    for name, norm in norms.items():
+        if norm is not None and not is_kernel_norm(norm, eps):
+            return f"{name} is not the kernel's at eps {eps}"
+    if attn.rotate is not cpu_kernels.kernels().rotary:
+        return "rotary is not the kernel's"
+    if not runs_kernel(mlp.act_and_mul):
+        return "activation is not the kernel's"
+    return None
+
+
+def _projections(model: LlamaForCausalLM) -> str:
+    """The projection classes the model holds, with how many of each, and what computes them."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("Linear"):
+            counts[name] = counts.get(name, 0) + 1
+    described = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    ops = cpu_kernels.kernels()
+    if ops is not None and model.dtype == torch.bfloat16 and counts.get("Bf16Linear"):
+        described += " (AMX tiles)" if ops.amx_active() else (
+            " (AVX512-BF16)" if ops.bf16_dot_active() else " (float32 FMA pairs)")
+    return described
+
+
+def _triton_ops(model: LlamaForCausalLM) -> bool:
+    return any(type(m).__module__.endswith("triton_ops") for m in model.modules())
