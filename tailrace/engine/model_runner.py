@@ -74,34 +74,12 @@ class ModelRunner:
         """tp: this process's tensor-parallel rank (tp_workers); None runs the whole model here."""
         self.tp = tp
         self._released: list[int] = []  # with tp: sequences released since the last step, for the workers
-        # An explicit --threads stays fixed; otherwise each CPU step's thread count is measured (threads.py).
-        # Ranks share the cores, and all must run the step before any can go on: a fixed even split.
-        if config.threads:
-            candidates = [config.threads]
-        elif tp is not None:
-            candidates = [max(1, available_cores() // tp.size)]
-        else:
-            candidates = thread_candidates(available_cores())
-        self.threads = ThreadTuner(candidates)
-        torch.set_num_threads(self.threads.candidates[0])
-        self.device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
-        if tp is not None and self.device.type == "cuda":
-            self.device = torch.device("cuda", tp.rank)  # one GPU per rank, in order
-        if self.device.type == "cuda":
-            # Events, graphs and Triton launches use the current device (per thread): make it this one.
-            torch.cuda.set_device(self.device.index or 0)
+        self.threads = self._tune_threads(config, tp)
+        self.device = self._choose_device(config, tp)
         sized_by_gpu = (self.device.type == "cuda" and config.gpu_memory_utilization is not None
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
-        quantization = resolve_quantization(config.quantization, config.model_path, str(self.device))
-        if quantization is not None and config.quantization is None:
-            log.info("the GGUF file's quantized weights load as they are, the rest as int8 (--quantization none "
-                     "loads them all as floats)")
-        self.model, self.model_config = load_model(
-            config.model_path, dtype=config.dtype, load_format=config.load_format,
-            device=str(self.device), seed=config.seed, quantization=quantization,
-            shard=None if tp is None else tp.shard, max_model_len=config.max_model_len,
-        )
+        quantization = self._load(config, tp)
         self.backends = backends.prepare(self.model, self.device, quantization)
         plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
                     for layer in self.model.model.layers)
@@ -111,28 +89,8 @@ class ModelRunner:
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
-        dtype = self.model.dtype
-        kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
-        per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
-        kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if sized_by_gpu
-                    else fixed_kv_cache_bytes(config))
-        self.num_blocks = config.num_kv_blocks or kv_bytes // per_block
-        if tp is not None:
-            self.num_blocks = tp.agree_min(self.num_blocks)  # block ids mean the same pages on every rank
-        if self.num_blocks < 1:
-            raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
-        cache_args = (mc.num_hidden_layers, kv_heads, mc.head_dim)
-        if self.attention == "paged":
-            # One block past those the block manager hands out: the scratch block of padding rows.
-            # Triton's kernel attends plainly; the reference path over the pages takes any attention.
-            self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
-                                      max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      use_triton=None if plain else False)
-            scratch_block = self.num_blocks
-        else:
-            self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
-                                 max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
-            scratch_block = None
+        self.num_blocks = self._count_kv_blocks(config, tp, free_before_load if sized_by_gpu else None)
+        scratch_block = self._allocate_kv_cache(config, plain)
         backends.settle_attention(self.backends, self.cache)
         self.backends.check_strict(config.strict_backends)
         if tp is None or tp.rank == 0:
@@ -147,6 +105,74 @@ class ModelRunner:
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
         _return_freed_heap()
+
+    @staticmethod
+    def _tune_threads(config: EngineConfig, tp: TensorParallel | None) -> ThreadTuner:
+        """An explicit --threads stays fixed; otherwise each CPU step's thread count is measured
+        (threads.py). Ranks share the cores, and all must run the step before any can go on: a
+        fixed even split."""
+        if config.threads:
+            candidates = [config.threads]
+        elif tp is not None:
+            candidates = [max(1, available_cores() // tp.size)]
+        else:
+            candidates = thread_candidates(available_cores())
+        tuner = ThreadTuner(candidates)
+        torch.set_num_threads(tuner.candidates[0])
+        return tuner
+
+    @staticmethod
+    def _choose_device(config: EngineConfig, tp: TensorParallel | None) -> torch.device:
+        device = torch.device(resolve_device(config.device, torch.cuda.is_available()))
+        if tp is not None and device.type == "cuda":
+            device = torch.device("cuda", tp.rank)  # one GPU per rank, in order
+        if device.type == "cuda":
+            # Events, graphs and Triton launches use the current device (per thread): make it this one.
+            torch.cuda.set_device(device.index or 0)
+        return device
+
+    def _load(self, config: EngineConfig, tp: TensorParallel | None) -> str | None:
+        """The model and its config onto the device; the quantization it loaded with."""
+        quantization = resolve_quantization(config.quantization, config.model_path, str(self.device))
+        if quantization is not None and config.quantization is None:
+            log.info("the GGUF file's quantized weights load as they are, the rest as int8 (--quantization none "
+                     "loads them all as floats)")
+        self.model, self.model_config = load_model(
+            config.model_path, dtype=config.dtype, load_format=config.load_format,
+            device=str(self.device), seed=config.seed, quantization=quantization,
+            shard=None if tp is None else tp.shard, max_model_len=config.max_model_len,
+        )
+        return quantization
+
+    def _count_kv_blocks(self, config: EngineConfig, tp: TensorParallel | None, free_before_load: int | None) -> int:
+        """The KV cache's blocks: from --num-kv-blocks, the GPU's free memory (free_before_load not
+        None) or --kv-cache-memory-gb; the same on every rank."""
+        mc, dtype = self.model_config, self.model.dtype
+        kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
+        per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
+        kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if free_before_load is not None
+                    else fixed_kv_cache_bytes(config))
+        blocks = config.num_kv_blocks or kv_bytes // per_block
+        if tp is not None:
+            blocks = tp.agree_min(blocks)  # block ids mean the same pages on every rank
+        if blocks < 1:
+            raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
+        return blocks
+
+    def _allocate_kv_cache(self, config: EngineConfig, plain: bool) -> int | None:
+        """self.cache in the layout resolve_attention chose; the scratch block of padding rows (paged only)."""
+        mc, dtype = self.model_config, self.model.dtype
+        cache_args = (mc.num_hidden_layers, self.model.config.num_key_value_heads, mc.head_dim)
+        if self.attention == "paged":
+            # One block past those the block manager hands out: the scratch block of padding rows.
+            # Triton's kernel attends plainly; the reference path over the pages takes any attention.
+            self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
+                                      max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                      use_triton=None if plain else False)
+            return self.num_blocks
+        self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
+                             max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+        return None
 
     def _gpu_kv_cache_bytes(self, config: EngineConfig, free_before_load: int, dtype_bytes: int) -> int:
         torch.cuda.empty_cache()  # blocks the loader freed would otherwise count as the weights'
