@@ -9,7 +9,7 @@ import re
 
 from tailrace.engine.config import DEVICES
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names
 _TOKEN_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgG]?)")
 
@@ -37,7 +37,7 @@ class RefuseRemoteCode(argparse.Action):
 
 
 def dtype_name(text: str) -> str:
-    """A dtype, with vLLM's aliases `half` and `float`; argparse's `choices` then lists DTYPES."""
+    """A dtype, with vLLM's aliases `half` and `float`; argparse's `choices` then lists DTYPE_NAMES."""
     return _DTYPE_ALIASES.get(text, text)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from tailrace import envs
-from tailrace.arg_types import (DTYPES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
+from tailrace.arg_types import (DTYPE_NAMES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
                                 json_string_list, tensor_parallel_size, token_count)
 from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.check.cli import add_check_parser, run_check
@@ -58,7 +58,7 @@ _ENGINE_FLAGS = {
 }
 
 
-_ENGINE_CHOICES = {"dtype": DTYPES, "quantization": (*QUANTIZATIONS, "none"), "load_format": LOAD_FORMATS,
+_ENGINE_CHOICES = {"dtype": DTYPE_NAMES, "quantization": (*QUANTIZATIONS, "none"), "load_format": LOAD_FORMATS,
                    "attention": ATTENTION_BACKENDS}
 
 

@@ -284,7 +284,7 @@ def _use_triton_ops(model: LlamaForCausalLM) -> None:
         from tailrace.model import triton_ops
     except ImportError:
         return
-    if model.dtype in triton_ops.DTYPES:
+    if model.dtype in triton_ops.TRITON_DTYPES:
         triton_ops.use_triton_ops(model)
 
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class ChoiceState:
+class SequenceState:
     detokenizer: IncrementalDetokenizer
     finished: bool = False
     introduced: bool = False  # the first delta (with prompt logprobs) went out
@@ -32,7 +32,7 @@ class RequestState:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    choices: list[ChoiceState] = field(default_factory=list)
+    choices: list[SequenceState] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -56,7 +56,7 @@ class OutputProcessor:
         for _ in range(params.n):
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
                                            params.stop, params.include_stop_str_in_output, params.thinking)
-            state.choices.append(ChoiceState(detok))
+            state.choices.append(SequenceState(detok))
         self.requests[request_id] = state
 
     def remove(self, request_id: str) -> None:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from tailrace.model.llama import LlamaForCausalLM, Module, RMSNorm, gelu_tanh_and_mul, replace_elementwise
 
-DTYPES = (torch.bfloat16, torch.float16)
+TRITON_DTYPES = (torch.bfloat16, torch.float16)
 _SILU_BLOCK = 1024  # output columns per program
 
 

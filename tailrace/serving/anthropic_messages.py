@@ -10,7 +10,7 @@ from typing import Any
 
 from tailrace.engine.client import EngineClient
 from tailrace.serving.chat import render_prompt
-from tailrace.serving.chat_deltas import Delta, Usage, chat_deltas, drain, framed
+from tailrace.serving.chat_deltas import Delta, RunningUsage, chat_deltas, drain, framed
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import OpenAIError
 from tailrace.serving.protocol_anthropic import CountTokensRequest, MessagesRequest
@@ -75,7 +75,7 @@ class MessageFramer:
     """Deltas in, Anthropic's stream events out. `message` is what those events build, updated as
     the SDK's accumulator updates its snapshot: the non-stream response is exactly that."""
 
-    def __init__(self, message_id: str, model: str, usage: Usage) -> None:
+    def __init__(self, message_id: str, model: str, usage: RunningUsage) -> None:
         self.message: dict[str, Any] = {"id": message_id, "type": "message", "role": "assistant", "model": model,
                                         "content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None,
                                         "usage": {}}

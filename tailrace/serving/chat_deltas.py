@@ -48,7 +48,7 @@ class Delta:
 
 
 @dataclass(slots=True)
-class Usage:
+class RunningUsage:
     """Running totals, as of the last delta read."""
 
     input_tokens: int = 0
@@ -65,7 +65,7 @@ class ChatDeltas:
         self._chunks = chunks
         self._reasoning_field = reasoning_field
         self.request = request  # as it runs: the model's sampling defaults filled in
-        self.usage = Usage()
+        self.usage = RunningUsage()
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Closing this (the client went away) closes the chat stream, which aborts the request."""

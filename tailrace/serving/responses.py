@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tailrace.engine.client import EngineClient
-from tailrace.serving.chat_deltas import Delta, Usage, chat_deltas, drain, framed
+from tailrace.serving.chat_deltas import Delta, RunningUsage, chat_deltas, drain, framed
 from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import OpenAIError, internal, invalid_request
 from tailrace.serving.protocol_responses import Item, ResponsesRequest
@@ -104,7 +104,7 @@ class ResponseFramer:
     """Deltas in, OpenAI's Responses stream events out. `response` is what the events build: the
     non-stream response is exactly the one `response.completed` carries."""
 
-    def __init__(self, response: dict[str, Any], usage: Usage) -> None:
+    def __init__(self, response: dict[str, Any], usage: RunningUsage) -> None:
         self.response = response
         self._usage = usage
         self._sequence = 0
