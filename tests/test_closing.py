@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from closing_schemas import PATTERNS, SCHEMAS
 from conftest import EMBEDDED
-from tailrace.engine.closing import TokenTable
-from tailrace.engine.closing_schema import compile_schema
-from tailrace.engine.json_closing import Closer
-from tailrace.engine.regex_closing import PatternDfa, Unsupported
-from tailrace.engine.structured import GrammarCompiler, SequenceGrammar, schema_error
+from tailrace.engine.structured_output.closing import TokenTable
+from tailrace.engine.structured_output.closing_schema import compile_schema
+from tailrace.engine.structured_output.json_closing import Closer
+from tailrace.engine.structured_output.regex_closing import PatternDfa, Unsupported
+from tailrace.engine.structured_output.grammar import GrammarCompiler, SequenceGrammar, schema_error
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 from tailrace.tokenizer import load_tokenizer
 

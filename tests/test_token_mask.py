@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from tailrace.engine import structured
+from tailrace.engine.structured_output import grammar
 from tailrace.engine.sampler import SamplingRow, make_generator, sample
-from tailrace.engine.structured import MaskJob
+from tailrace.engine.structured_output.grammar import MaskJob
 from tailrace.model.cpu_kernels import kernels
 from tailrace.sampling_params import SamplingParams
 
@@ -36,7 +36,7 @@ def test_mask_kernel_gives_the_pytorch_paths_logits(vocab, monkeypatch):
     rows = [4, 0, 2]
     native = logits.clone()
     _job(bitmask, vocab).apply(native, rows)
-    monkeypatch.setattr(structured, "kernels", lambda: None)
+    monkeypatch.setattr(grammar, "kernels", lambda: None)
     reference = logits.clone()
     _job(bitmask, vocab).apply(reference, rows)
     assert torch.equal(native, reference)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
-from tailrace.engine.closing import FORCED_LOGPROB
+from tailrace.engine.structured_output.closing import FORCED_LOGPROB
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.model_runner import LaunchedStep, ModelRunner
 from tailrace.engine.sampler import make_generator
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
-from tailrace.engine.structured import GrammarCompiler
+from tailrace.engine.structured_output.grammar import GrammarCompiler
 from tailrace.engine.tp_workers import start_ranks
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob

@@ -25,7 +25,7 @@ from tailrace.engine.sampler import (
 )
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
-from tailrace.engine.structured import MaskJob, MaskWorker
+from tailrace.engine.structured_output.grammar import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
 from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event

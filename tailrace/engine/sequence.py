@@ -7,7 +7,7 @@ from enum import Enum
 
 import torch
 
-from tailrace.engine.structured import SequenceGrammar
+from tailrace.engine.structured_output.grammar import SequenceGrammar
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
 

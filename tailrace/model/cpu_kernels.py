@@ -8,7 +8,7 @@
   products, or AVX2's), see int_linear.py.
 - `rms_norm`, `rotary`, `silu_mul`, `gelu_tanh_mul`, `swiglu_oai_mul`: a decoder layer's
   elementwise steps, one call each, see cpu_ops.py.
-- `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows, see engine/structured.py.
+- `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows, see engine/structured_output/grammar.py.
 - `greedy_tokens`: each logit row's greedy pick, as torch.max(dim=1).indices gives it, see
   engine/sampler.py.
 - `route_experts`: a mixture of experts' choice of experts and their weights for each row, see

@@ -11,10 +11,10 @@ cannot follow (a schema reading the two disagree on) leaves the closer lost, nev
 
 from __future__ import annotations
 
-from tailrace.engine.closing_schema import (
+from tailrace.engine.structured_output.closing_schema import (
     ANY, ARRAY, CHOICE, LITERALS, NUMBER, OBJECT, STRING, Node, number_complete, number_ending,
 )
-from tailrace.engine.regex_closing import PatternDfa
+from tailrace.engine.structured_output.regex_closing import PatternDfa
 
 # What a frame does with a byte.
 CONTINUE, DONE, DONE_BEFORE, REFEED, FAIL = range(5)

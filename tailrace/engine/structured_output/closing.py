@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from tailrace.engine.closing_schema import Node
-from tailrace.engine.json_closing import Closer
+from tailrace.engine.structured_output.closing_schema import Node
+from tailrace.engine.structured_output.json_closing import Closer
 
 _UTF8_BYTES = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
 # The logprob reported for a token the budget forced in place of the sampled one (vLLM's floor).

@@ -23,9 +23,9 @@ import llguidance
 import numpy as np
 import torch
 
-from tailrace.engine.closing import Closing, TokenTable
-from tailrace.engine.closing_schema import Node, compile_schema
-from tailrace.engine.regex_closing import Unsupported
+from tailrace.engine.structured_output.closing import Closing, TokenTable
+from tailrace.engine.structured_output.closing_schema import Node, compile_schema
+from tailrace.engine.structured_output.regex_closing import Unsupported
 from tailrace.engine.thinking import Phase, ThinkGate
 from tailrace.engine.transfer import to_device
 from tailrace.model.cpu_kernels import kernels

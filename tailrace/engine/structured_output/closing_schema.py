@@ -4,7 +4,7 @@ longest ending the closer can give from anywhere inside a value of it (a budget 
 large needs no closing work yet).
 
 Only what can be completed correctly is taken; anything else raises `Unsupported`, and the
-engine then enforces the schema without closing (see engine/structured.py).
+engine then enforces the schema without closing (see engine/structured_output/grammar.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from tailrace.engine.regex_closing import PatternDfa, Unsupported
+from tailrace.engine.structured_output.regex_closing import PatternDfa, Unsupported
 
 ANY, OBJECT, ARRAY, STRING, NUMBER, LITERALS, CHOICE = "any", "object", "array", "string", "number", "literals", "choice"
 _ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$comment", "deprecated",
