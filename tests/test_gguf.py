@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from architectures import TINY
 from gguf import GGMLQuantizationType as Q
 from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf, write_out
 
@@ -57,9 +58,7 @@ def _qwen2_checkpoint(directory):
 
     import transformers
 
-    config = transformers.Qwen2Config(vocab_size=8192, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                      tie_word_embeddings=True)
+    config = transformers.Qwen2Config(**{**TINY, "vocab_size": 8192, "tie_word_embeddings": True})
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(config).save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):

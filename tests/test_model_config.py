@@ -7,22 +7,15 @@ import math
 
 import pytest
 
+from architectures import ARCHITECTURES, tiny
 from tailrace.model.config import limit_context, load_model_config, parse_model_config
 
-BASE = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-}
+BASE = ARCHITECTURES["llama"]
 
 
-def parse(**changes):
-    return parse_model_config({**BASE, **changes})
+def parse(name: str = "llama", **changes):
+    """The tiny config of architecture `name` (tests/architectures.py) with `changes`, parsed."""
+    return parse_model_config(tiny(name, **changes))
 
 
 def test_transformers5_rope_parameters_give_theta_and_scaling():
@@ -56,7 +49,7 @@ def test_yarn_attention_factor_from_the_factor_or_the_mscales():
 
 
 def test_gpt_oss_experts_sinks_and_biases():
-    config = parse(architectures=["GptOssForCausalLM"], num_local_experts=32, num_experts_per_tok=4,
+    config = parse("gpt_oss", num_local_experts=32, num_experts_per_tok=4,
                    attention_bias=True, sliding_window=128, layer_types=["sliding_attention", "full_attention"])
     assert (config.num_experts, config.experts_per_token, config.moe_intermediate_size) == (32, 4, 128)
     assert config.layer_moe == [True, True] and config.layer_windows == [128, None]
@@ -66,14 +59,13 @@ def test_gpt_oss_experts_sinks_and_biases():
 
 def test_gpt_oss_without_layer_types_alternates_windows_from_the_first_layer():
     """transformers' GptOssConfig default, as llama.cpp's gpt-oss hard-codes it."""
-    config = parse(architectures=["GptOssForCausalLM"], num_local_experts=4, num_experts_per_tok=2, sliding_window=128,
-                   num_hidden_layers=4)
+    config = parse("gpt_oss", num_hidden_layers=4)  # its row's sliding_window: 128
     assert config.layer_windows == [128, None, 128, None]
 
 
 def test_a_moe_picking_more_experts_than_it_has_is_refused():
     with pytest.raises(ValueError, match="num_experts_per_tok 9"):
-        parse(architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=9, moe_intermediate_size=16)
+        parse("qwen3_moe", num_experts=8, num_experts_per_tok=9, moe_intermediate_size=16)
 
 
 def test_unsupported_architecture_is_rejected_by_name():
@@ -96,34 +88,42 @@ def test_key_value_heads_default_to_attention_heads():
 
 
 def test_qwen2_always_has_attention_bias():
-    assert parse(architectures=["Qwen2ForCausalLM"]).attention_bias
+    assert parse("qwen2").attention_bias
+
+
+def test_attention_bias_gives_llama_an_o_proj_bias_and_qwen2_none():
+    """transformers' Llama (and OLMo 2, Granite, SmolLM3) biases o_proj with q/k/v; Qwen2's
+    always-on biases are q/k/v only."""
+    for name in ("llama", "olmo2", "granite", "smollm3"):
+        config = parse(name, attention_bias=True)
+        assert config.attention_bias and config.attention_out_bias
+    qwen2 = parse("qwen2")
+    assert qwen2.attention_bias and not qwen2.attention_out_bias
+    assert not parse().attention_out_bias
 
 
 def test_qwen3_uses_qk_norm_and_llama_does_not():
-    assert parse(architectures=["Qwen3ForCausalLM"]).qk_norm
+    assert parse("qwen3").qk_norm
     assert not parse().qk_norm
 
 
 def test_mistral_sliding_window_is_every_layers_and_keeps_the_context():
-    config = parse(architectures=["MistralForCausalLM"], sliding_window=128)
+    config = parse("mistral", sliding_window=128)
     assert (config.layer_windows, config.max_position_embeddings) == ([128, 128], 512)
 
 
 def test_a_window_as_long_as_the_context_is_no_window():
-    assert parse(architectures=["MistralForCausalLM"], sliding_window=512).layer_windows == [None, None]
+    assert parse("mistral", sliding_window=512).layer_windows == [None, None]
 
 
 def test_qwen_sliding_window_ignored_unless_enabled():
-    config = parse(architectures=["Qwen2ForCausalLM"], sliding_window=128, use_sliding_window=False)
+    config = parse("qwen2", sliding_window=128, use_sliding_window=False)
     assert (config.layer_windows, config.max_position_embeddings) == ([None, None], 512)
 
 
-GEMMA = {"query_pre_attn_scalar": 144, "head_dim": 16, "sliding_window": 64}
-
-
 def test_gemma2_alternates_windows_from_the_first_layer_and_caps_scores_and_logits():
-    config = parse(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                   hidden_activation="gelu_pytorch_tanh", num_hidden_layers=4, **GEMMA)
+    config = parse("gemma2", attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   hidden_activation="gelu_pytorch_tanh", num_hidden_layers=4)
     assert config.layer_windows == [64, None, 64, None]
     assert (config.attention_softcap, config.final_logit_softcap) == (50.0, 30.0)
     assert (config.hidden_act, config.norm_weight_offset, config.norm_style) == ("gelu_tanh", 1.0, "sandwich")
@@ -132,9 +132,8 @@ def test_gemma2_alternates_windows_from_the_first_layer_and_caps_scores_and_logi
 
 
 def test_gemma3_old_config_sliding_pattern_and_local_rope_base():
-    config = parse(architectures=["Gemma3ForCausalLM"], num_hidden_layers=7, sliding_window_pattern=3,
-                   rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
-                   **GEMMA)
+    config = parse("gemma3", num_hidden_layers=7, sliding_window_pattern=3, rope_theta=1e6,
+                   rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})
     assert config.layer_windows == [64, 64, None, 64, 64, None, 64]
     assert config.layer_rope == ["local", "local", "global", "local", "local", "global", "local"]
     assert (config.rope_theta, config.local_rope_theta) == (1e6, 1e4)
@@ -145,16 +144,16 @@ def test_gemma3_old_config_sliding_pattern_and_local_rope_base():
 def test_gemma3_transformers5_config_has_rope_parameters_per_layer_type():
     rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
-    config = parse(model_type="gemma3_text", architectures=None, rope_parameters=rope,
-                   layer_types=["full_attention", "sliding_attention"], **GEMMA)
+    config = parse("gemma3", architectures=None, rope_parameters=rope,
+                   layer_types=["full_attention", "sliding_attention"])
     assert config.architecture == "Gemma3ForCausalLM"
     assert (config.layer_rope, config.layer_windows) == (["global", "local"], [None, 64])
     assert (config.rope_theta, config.rope_scaling, config.local_rope_theta) == (1e6, None, 1e4)
 
 
 def test_smollm3_layers_without_rope_from_the_list_or_the_interval():
-    assert parse(architectures=["SmolLM3ForCausalLM"], no_rope_layers=[0, 1]).layer_rope == [None, "global"]
-    config = parse(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8, no_rope_layer_interval=4,
+    assert parse("smollm3", no_rope_layers=[0, 1]).layer_rope == [None, "global"]
+    config = parse("smollm3", num_hidden_layers=8, no_rope_layer_interval=4,
                    sliding_window=128)
     assert config.layer_rope == ["global"] * 3 + [None] + ["global"] * 3 + [None]
     assert config.layer_windows == [None] * 8  # SmolLM3's window applies only with use_sliding_window
@@ -163,7 +162,7 @@ def test_smollm3_layers_without_rope_from_the_list_or_the_interval():
 def test_phi3_partial_rotary_and_longrope_factors_chosen_by_the_context_served():
     rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
             "long_factor": [2.0] * 6, "short_factor": [1.0] * 6}
-    config = parse(architectures=["Phi3ForCausalLM"], head_dim=16, max_position_embeddings=4096,
+    config = parse("phi3", head_dim=16, max_position_embeddings=4096,
                    original_max_position_embeddings=1024, rope_parameters=rope)
     assert (config.rotary_dim, config.head_dim) == (12, 16)
     scaling = config.rope_scaling
@@ -175,15 +174,15 @@ def test_phi3_partial_rotary_and_longrope_factors_chosen_by_the_context_served()
 
 def test_a_partial_rotary_of_an_odd_width_is_refused():
     with pytest.raises(ValueError, match="partial rotary: 5 of 16"):
-        parse(architectures=["Phi3ForCausalLM"], head_dim=16, partial_rotary_factor=5 / 16)
+        parse("phi3", head_dim=16, partial_rotary_factor=5 / 16)
 
 
 def test_granite_multipliers_and_olmo2_norms():
-    granite = parse(architectures=["GraniteForCausalLM"], embedding_multiplier=12.0, residual_multiplier=0.22,
+    granite = parse("granite", embedding_multiplier=12.0, residual_multiplier=0.22,
                     attention_multiplier=0.0078125, logits_scaling=8.0)
     assert (granite.embedding_multiplier, granite.residual_multiplier, granite.attention_scale,
             granite.logit_divisor) == (12.0, 0.22, 0.0078125, 8.0)
-    olmo2 = parse(architectures=["Olmo2ForCausalLM"])
+    olmo2 = parse("olmo2")
     assert (olmo2.norm_style, olmo2.qk_norm, olmo2.qk_norm_over_heads) == ("post", True, True)
     assert (parse().norm_style, parse().residual_multiplier) == ("pre", 1.0)
 
@@ -206,7 +205,7 @@ def test_gemma3_multimodal_config_is_its_text_models_with_gemma3s_defaults_fille
 
 def test_layer_types_of_the_wrong_length_are_refused():
     with pytest.raises(ValueError, match="layer_types"):
-        parse(architectures=["Gemma3ForCausalLM"], layer_types=["sliding_attention"], **GEMMA)
+        parse("gemma3", layer_types=["sliding_attention"])
 
 
 def test_single_eos_id_becomes_a_list():

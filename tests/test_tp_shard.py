@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import torch
 
+from architectures import tiny
 from tailrace.model.config import parse_model_config
 from tailrace.model.tp_shard import Shard, check_shardable, local_config, part, take_part
 
-RAW = dict(architectures=["LlamaForCausalLM"], vocab_size=259, hidden_size=64, intermediate_size=128,
-           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+RAW = tiny("llama", vocab_size=259, head_dim=16)  # a vocabulary that 2 and 4 ranks do not divide
 CONFIG = parse_model_config(RAW)
 L0 = "model.layers.0"
 

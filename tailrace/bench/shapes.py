@@ -24,6 +24,7 @@ from typing import Any
 
 from tailrace.bench.disk import ensure_room
 from tailrace.engine.config import EMBEDDED_MODEL
+from tailrace.model import registry
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "bench" / ".shapes"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -199,7 +200,7 @@ def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]
     weights["model.embed_tokens.weight"][known_tokens:] = 0.0
     if "lm_head.weight" in weights:  # an untied head scores the unknown ids 0 likewise
         weights["lm_head.weight"][known_tokens:] = 0.0
-    return released_gpt_oss_layout(weights) if shape.architecture == "GptOssForCausalLM" else weights
+    return released_gpt_oss_layout(weights) if registry.architecture(shape.architecture).mxfp4_experts else weights
 
 
 def released_gpt_oss_layout(weights: dict[str, Any]) -> dict[str, Any]:

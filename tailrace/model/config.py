@@ -8,52 +8,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailrace.model import registry
 from tailrace.model.gguf import config_dict, open_gguf
 from tailrace.model.hub import is_gguf
 
-# Each architecture is described here once, as the features of one decoder (llama.py runs them in
-# Python, csrc/decoder.cpp in one call): what differs from Llama is read from the config by
-# parse_model_config.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "SmolLM3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-    "Gemma3ForConditionalGeneration",  # its text model (_text_part)
-    "Phi3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "MixtralForCausalLM",
-    "GptOssForCausalLM",
-    "GraniteForCausalLM",
-    "Olmo2ForCausalLM",
-}
-
-# Configs built by hand (not saved from a model) name no architecture, only a model_type.
-_ARCHITECTURE_BY_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "smollm3": "SmolLM3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-    "granite": "GraniteForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-}
-# Gemma's norms scale by 1 + weight, its embedding rows by sqrt(hidden), and each layer norms its
-# attention's and MLP's outputs too ("sandwich" norms); its attention scale comes from
-# query_pre_attn_scalar.
-_GEMMA = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
+# Every architecture is one entry of model/registry.py, read here as the features of one decoder
+# (llama.py runs them in Python, csrc/decoder.cpp in one call).
+SUPPORTED_ARCHITECTURES = registry.SUPPORTED_NAMES
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
-_GPT_OSS = "GptOssForCausalLM"
-_OLMO2 = "Olmo2ForCausalLM"
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
 
@@ -97,7 +59,7 @@ class ModelConfig:
     attention_scale: float = 0.0  # q.k times this; 0: head_dim ** -0.5
     attention_softcap: float | None = None  # scores through cap * tanh(score / cap)
     attention_sinks: bool = False  # a learned logit per head joins each softmax, then is dropped (gpt-oss)
-    attention_out_bias: bool = False  # o_proj has a bias (gpt-oss)
+    attention_out_bias: bool = False  # o_proj has a bias
     final_logit_softcap: float | None = None  # logits likewise
     # Mixture of experts: per layer, whether its MLP is num_experts experts of moe_intermediate_size,
     # each token through the experts_per_token its router ranks first (their weights renormalised
@@ -142,7 +104,7 @@ def load_model_config(path: str) -> ModelConfig:
 
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
-    architecture = _architecture(raw)
+    entry = _architecture(raw)
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
         raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(_ACTIVATIONS))}")
@@ -150,16 +112,15 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         raise ValueError("unsupported mlp_bias=true")
     num_heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
-    layer_types = _layer_types(raw, architecture)
+    layer_types = _layer_types(raw, entry)
     max_positions = raw.get("max_position_embeddings", 2048)
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
-    gemma = architecture in _GEMMA
-    experts = _experts(raw, architecture, layers)
+    experts = _experts(raw, entry, layers)
     window = raw.get("sliding_window")
     if window is not None and window >= max_positions:  # it never bites
         window = None
     return ModelConfig(
-        architecture=architecture,
+        architecture=entry.name,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"],
@@ -171,72 +132,68 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
-        # Qwen2 always has q/k/v biases and its config has no flag for them.
-        attention_bias=architecture == "Qwen2ForCausalLM" or raw.get("attention_bias", False),
-        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", _OLMO2),
+        tie_word_embeddings=raw.get("tie_word_embeddings", entry.gemma_scaling),
+        attention_bias=entry.qkv_bias_always or raw.get("attention_bias", False),
+        qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_id_list(raw.get("eos_token_id")),
         layer_windows=[window if kind == "sliding_attention" else None for kind in layer_types],
-        layer_rope=_layer_rope(raw, architecture, layer_types, local_theta),
+        layer_rope=_layer_rope(raw, entry, layer_types, local_theta),
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", _ACTIVATIONS[act]),
-        **_family_features(raw, architecture),
+        **_family_features(raw, entry),
         **experts,
     )
-
-
-# Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
-# text_config names only what differs from Gemma3TextConfig's defaults, which these are.
-_GEMMA3_TEXT_DEFAULTS = {
-    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-    "sliding_window_pattern": 6, "sliding_window": 4096, "max_position_embeddings": 131072,
-    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
-}
 
 
 def _text_part(raw: dict[str, Any]) -> dict[str, Any]:
     """A multimodal checkpoint's config as its text model's (Gemma 3's): the image tower is not
     read; the loader takes the language model's weights under their own names."""
-    if (raw.get("architectures") or [None])[0] != "Gemma3ForConditionalGeneration":
+    entry = registry.image_text((raw.get("architectures") or [""])[0])
+    if entry is None:
         return raw
-    text = {**_GEMMA3_TEXT_DEFAULTS, **raw.get("text_config", {}), "architectures": ["Gemma3ForCausalLM"]}
+    text = {**entry.image_text_defaults, **raw.get("text_config", {}), "architectures": [entry.name]}
     for key in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
         if key in raw:
             text.setdefault(key, raw[key])
     return text
 
 
-def _family_features(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
+def _family_features(raw: dict[str, Any], entry: registry.Architecture) -> dict[str, Any]:
     """What a family changes in the layers and around them (defaults: Llama's)."""
-    if architecture in _GEMMA:
-        return {"norm_weight_offset": 1.0, "embedding_multiplier": raw["hidden_size"] ** 0.5, "norm_style": "sandwich",
-                "attention_scale": raw["query_pre_attn_scalar"] ** -0.5,
-                "attention_softcap": raw.get("attn_logit_softcapping"),
-                "final_logit_softcap": raw.get("final_logit_softcapping")}
-    if architecture == "GraniteForCausalLM":
-        return {"embedding_multiplier": raw.get("embedding_multiplier", 1.0),
-                "residual_multiplier": raw.get("residual_multiplier", 1.0),
-                "attention_scale": raw.get("attention_multiplier", 0.0), "logit_divisor": raw.get("logits_scaling", 1.0)}
-    if architecture == _OLMO2:
-        return {"norm_style": "post", "qk_norm_over_heads": True}
-    if architecture == _GPT_OSS:
-        return {"attention_sinks": True, "attention_out_bias": True}
-    return {}
+    bias = raw.get("attention_bias", False)
+    features = {"norm_style": entry.norm_style, "qk_norm_over_heads": entry.qk_norm_over_heads,
+                "attention_sinks": entry.attention_sinks,
+                "attention_out_bias": entry.out_bias_always or (entry.bias_flag_covers_out and bias)}
+    if entry.gemma_scaling:
+        features |= {"norm_weight_offset": 1.0, "embedding_multiplier": raw["hidden_size"] ** 0.5,
+                     "attention_scale": raw["query_pre_attn_scalar"] ** -0.5,
+                     "attention_softcap": raw.get("attn_logit_softcapping"),
+                     "final_logit_softcap": raw.get("final_logit_softcapping")}
+    if entry.multipliers:
+        features |= {"embedding_multiplier": raw.get("embedding_multiplier", 1.0),
+                     "residual_multiplier": raw.get("residual_multiplier", 1.0),
+                     "attention_scale": raw.get("attention_multiplier", 0.0),
+                     "logit_divisor": raw.get("logits_scaling", 1.0)}
+    return features
 
 
-def _architecture(raw: dict[str, Any]) -> str:
-    names = raw.get("architectures") or [_ARCHITECTURE_BY_MODEL_TYPE.get(raw.get("model_type", ""), "")]
-    name = names[0]
+def _architecture(raw: dict[str, Any]) -> registry.Architecture:
+    """The config's registry entry: by its class name, or for a config built by hand (not saved
+    from a model) by its model_type."""
+    if raw.get("architectures"):
+        name = raw["architectures"][0]
+    else:
+        by_type = registry.by_model_type(raw.get("model_type", ""))
+        name = by_type.name if by_type else ""
     if name not in SUPPORTED_ARCHITECTURES:
         shown = name or f"model_type {raw.get('model_type')!r}"
         raise ValueError(
             f"unsupported architecture {shown}; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
         )
-    return name
+    return registry.architecture(name)
 
 
 def limit_context(config: ModelConfig, max_model_len: int | None) -> None:
@@ -305,21 +262,21 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
     return float(theta), {"rope_type": rope_type, **scaling}, local, fraction
 
 
-def _experts(raw: dict[str, Any], architecture: str, layers: int) -> dict[str, Any]:
+def _experts(raw: dict[str, Any], entry: registry.Architecture, layers: int) -> dict[str, Any]:
     """The MoE fields: Qwen3-MoE's layers are sparse but for mlp_only_layers, every
     decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k."""
     experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
-    if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM", _GPT_OSS) or not experts:
+    if not entry.moe or not experts:
         return {}
     top_k = raw["num_experts_per_tok"]
     if not 0 < top_k <= experts:
         raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
-    if architecture == _GPT_OSS:
+    if entry.moe == "gpt_oss":
         return {"layer_moe": [True] * layers, "num_experts": experts, "experts_per_token": top_k,
                 "moe_intermediate_size": raw["intermediate_size"], "moe_bias": True, "router_topk_first": True,
                 "hidden_act": "swiglu_oai", "swiglu_alpha": raw.get("swiglu_alpha", 1.702),
                 "swiglu_limit": raw.get("swiglu_limit", 7.0)}
-    mixtral = architecture == "MixtralForCausalLM"
+    mixtral = entry.moe == "mixtral"
     dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
     return {
         "layer_moe": [mixtral or (i not in dense and (i + 1) % step == 0) for i in range(layers)],
@@ -339,7 +296,7 @@ def _yarn_mscale(factor: float, mscale: float | None, mscale_all_dim: float | No
     return get(factor, mscale) / get(factor, mscale_all_dim) if mscale and mscale_all_dim else get(factor)
 
 
-def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:
+def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]:
     """Each layer's "full_attention" or "sliding_attention": the config's `layer_types`, else the
     architecture's pattern as older configs imply it."""
     layers = raw["num_hidden_layers"]
@@ -347,24 +304,20 @@ def _layer_types(raw: dict[str, Any], architecture: str) -> list[str]:
         types = list(raw["layer_types"])
         if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"layer_types must name full_attention or sliding_attention for each of {layers} layers")
-    elif architecture in ("Gemma2ForCausalLM", _GPT_OSS):
-        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    elif architecture == "Gemma3ForCausalLM":
-        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+    elif entry.sliding_period:
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or entry.sliding_period
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     else:
         types = ["sliding_attention" if raw.get("sliding_window") else "full_attention"] * layers
-    # Qwen configs carry a window that only applies when use_sliding_window is set (SmolLM3 copies it).
-    if not raw.get("sliding_window") or (architecture.startswith(("Qwen", "SmolLM3"))
-                                         and not raw.get("use_sliding_window", False)):
+    if not raw.get("sliding_window") or (entry.window_needs_flag and not raw.get("use_sliding_window", False)):
         types = ["full_attention"] * layers
     return types
 
 
-def _layer_rope(raw: dict[str, Any], architecture: str, layer_types: list[str],
+def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: list[str],
                 local_theta: float | None) -> list[str | None]:
-    if architecture == "SmolLM3ForCausalLM":
-        interval = raw.get("no_rope_layer_interval", 4)
+    if entry.nope_interval:
+        interval = raw.get("no_rope_layer_interval", entry.nope_interval)
         uses = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(len(layer_types))]
         return ["global" if use else None for use in uses]
     if local_theta is not None:

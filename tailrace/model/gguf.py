@@ -20,16 +20,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
+from tailrace.model import registry
 from tailrace.model.huge_pages import release_freed
 
-# general.architecture -> the Hugging Face architecture it is.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "gpt-oss": "GptOssForCausalLM",
-                 "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
-PERMUTED_ARCHITECTURES = ("llama", "smollm3", "granite")
 _FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                      Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
@@ -39,39 +34,6 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    # a mixture of experts' router, and its experts stacked [experts, out, in]
-    "ffn_gate_inp": "mlp.gate",
-    "ffn_gate_exps": "mlp.gate_exps",
-    "ffn_up_exps": "mlp.up_exps",
-    "ffn_down_exps": "mlp.down_exps",
-}
-# Gemma's sandwich norms: ffn_norm is the MLP's input norm, which Gemma calls pre_feedforward.
-_GEMMA_LAYER_NAMES = {
-    **_LAYER_NAMES,
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
-# OLMo 2 norms the blocks' outputs alone.
-_OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
-                      "post_ffw_norm": "post_feedforward_layernorm"}
-# gpt-oss: post_attention_norm is the MLP's input norm, as Llama names it; a sink logit per head.
-_GPT_OSS_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
-                        "attn_sinks": "self_attn.sinks"}
-# Phi-3 keeps q/k/v in one tensor, and gate and up in ffn_up.
-_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 _ROPE_FREQS = "rope_freqs.weight"
 _REQUIRED = object()
@@ -153,8 +115,9 @@ def stores_projections_quantized(reader: GGUFReader) -> bool:
 
 def architecture(reader: GGUFReader) -> str:
     arch = metadata(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+    if registry.GGUF_ARCHITECTURES.get(arch) is None:
+        supported = ", ".join(registry.GGUF_ARCHITECTURES)
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
     return arch
 
 
@@ -170,11 +133,10 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         raise ValueError("GGUF file has no token_embd.weight tensor")
     hidden, heads = value("embedding_length"), value("attention.head_count")
     eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
-    experts = _experts_config(arch, value, tensors)
-    # llama.cpp's converter writes Mixtral as llama with experts
-    name = "MixtralForCausalLM" if arch == "llama" and experts else ARCHITECTURES[arch]
-    return {**_architecture_config(arch, value), **experts, **{
-        "architectures": [name],
+    experts = _experts_config(value, tensors)
+    entry = registry.gguf_architecture(arch, bool(experts))
+    return {**_architecture_config(entry, value), **experts, **{
+        "architectures": [entry.name],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
         "intermediate_size": value("feed_forward_length", 0),
@@ -184,7 +146,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "head_dim": value("attention.key_length", hidden // heads),
         "rms_norm_eps": value("attention.layer_norm_rms_epsilon"),
         "rope_theta": value("rope.freq_base", 10000.0),
-        "rope_scaling": _rope_scaling(reader, arch, tensors),
+        "rope_scaling": _rope_scaling(reader, entry, tensors),
         "max_position_embeddings": value("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
@@ -204,7 +166,7 @@ def _stored_dtype(reader: GGUFReader) -> str:
     return "float16" if stored <= {Q.F32, Q.F16} else "bfloat16"
 
 
-def _experts_config(arch: str, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
+def _experts_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
     """A mixture of experts' config: a layer is sparse where the file has its router
     (ffn_gate_inp); llama.cpp always renormalises the top k."""
     experts = value("expert_count", 0)
@@ -217,34 +179,43 @@ def _experts_config(arch: str, value: Any, tensors: dict[str, ReaderTensor]) -> 
             "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]}
 
 
-def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
-    """What sets Gemma and SmolLM3 apart, as llama.cpp reads it from the metadata and its own
-    fixed rules (src/models/gemma2.cpp, gemma3.cpp, smollm3.cpp in its tree): the sliding-window
-    pattern (every 2nd layer from the first for Gemma 2, 5 of every 6 for Gemma 3, unless the file
-    names one), the local layers' rope base (Gemma 3: 10000), the query scale (head_dim's, but
-    hidden / heads on the 27B models), and SmolLM3's layers without rope (every 4th)."""
-    if arch == "smollm3":
-        return {"no_rope_layer_interval": 4}
-    if arch == "granite":  # its multipliers, as llama.cpp's converter names them
-        return {key: value(gguf_key) for key, gguf_key in (
+def _architecture_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
+    """What sets an architecture apart, as llama.cpp reads it from the metadata and its own fixed
+    rules (src/models/*.cpp in its tree): SmolLM3's layers without rope (every 4th), Granite's
+    multipliers, gpt-oss's biases and windows, Phi-3's partial rotary, Gemma's windows and scales."""
+    config: dict[str, Any] = {}
+    if entry.nope_interval:
+        config["no_rope_layer_interval"] = entry.nope_interval
+    if entry.multipliers:  # as llama.cpp's converter names them
+        config |= {key: value(gguf_key) for key, gguf_key in (
             ("embedding_multiplier", "embedding_scale"), ("residual_multiplier", "residual_scale"),
             ("attention_multiplier", "attention.scale"), ("logits_scaling", "logit_scale"))
             if value(gguf_key, None) is not None}
-    if arch == "gpt-oss":  # llama.cpp's rules: layer 0 sliding, then every other; biases everywhere
-        layers = value("block_count")
-        return {"attention_bias": True, "sliding_window": value("attention.sliding_window"),
-                "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
-    if arch == "phi3":  # rope.dimension_count: the dims of a head that rotate
+    if entry.gguf_partial_rotary:  # rope.dimension_count: the dims of a head that rotate
         head_dim = value("embedding_length") // value("attention.head_count")
-        return {"partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim,
-                "sliding_window": value("attention.sliding_window", 0) or None}
-    if arch not in ("gemma2", "gemma3"):
-        return {}
+        config |= {"partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim,
+                   "sliding_window": value("attention.sliding_window", 0) or None}
+    if entry.gemma_scaling:
+        config |= _gemma_config(entry, value)
+    elif entry.sliding_period:  # llama.cpp's rules: layer 0 sliding, then every other
+        layers = value("block_count")
+        config |= {"sliding_window": value("attention.sliding_window"),
+                   "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
+    if entry.gguf_attention_bias:
+        config["attention_bias"] = True
+    return config
+
+
+def _gemma_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
+    """Gemma's, as llama.cpp's gemma2.cpp and gemma3.cpp rule it: the sliding-window pattern
+    (every 2nd layer from the first for Gemma 2, 5 of every 6 for Gemma 3, unless the file names
+    one), the local layers' rope base (Gemma 3: 10000) and the query scale (head_dim's, but
+    hidden / heads on the 27B models)."""
     layers, hidden, heads = value("block_count"), value("embedding_length"), value("attention.head_count")
     head_dim = value("attention.key_length", hidden // heads)
-    largest = layers == (46 if arch == "gemma2" else 62)
-    window = value("attention.sliding_window", 4096 if arch == "gemma2" else 0)
-    pattern = value("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    largest = layers == entry.gguf_largest_layers
+    window = value("attention.sliding_window", entry.gguf_default_window)
+    pattern = value("attention.sliding_window_pattern", entry.sliding_period)
     if isinstance(pattern, list):
         sliding = [bool(p) for p in pattern]
     else:
@@ -256,14 +227,15 @@ def _architecture_config(arch: str, value: Any) -> dict[str, Any]:
         "layer_types": ["sliding_attention" if s and window else "full_attention" for s in sliding],
         "final_logit_softcapping": value("final_logit_softcapping", None),
     }
-    if arch == "gemma2":
+    if entry.gguf_attention_softcap:
         config["attn_logit_softcapping"] = value("attn_logit_softcapping", None)
-    else:
+    if entry.gguf_local_rope:
         config["rope_local_base_freq"] = value("rope.freq_base_swa", 10000.0)
     return config
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, tensors: dict[str, ReaderTensor]) -> dict | None:
+def _rope_scaling(reader: GGUFReader, entry: registry.Architecture, tensors: dict[str, ReaderTensor]) -> dict | None:
+    arch = entry.gguf_arch
     if _ROPE_FREQS in tensors:
         return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
     if all(name in tensors for name in _LONGROPE_FACTORS):  # Phi-3's LongRoPE, its factors as tensors
@@ -282,7 +254,7 @@ def _rope_scaling(reader: GGUFReader, arch: str, tensors: dict[str, ReaderTensor
     if kind == "yarn":
         for key in ("beta_fast", "beta_slow"):
             scaling[key] = metadata(reader, f"{arch}.rope.scaling.yarn_{key}", None)
-        if arch == "gpt-oss":  # its released config's; the file does not say
+        if not entry.gguf_yarn_truncate:  # its released config's; the file does not say
             scaling["truncate"] = False
     return scaling
 
@@ -328,6 +300,7 @@ def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iter
     """(Hugging Face name, float32 tensor) for every weight but those named in `skip` (GGUF names),
     which are not even dequantized; q and k rows back in Hugging Face order."""
     arch = architecture(reader)
+    permuted = registry.GGUF_ARCHITECTURES[arch].gguf_permuted
     heads = metadata(reader, f"{arch}.attention.head_count")
     kv_heads = metadata(reader, f"{arch}.attention.head_count_kv", heads)
     expert_biases: dict[str, torch.Tensor] = {}
@@ -352,9 +325,9 @@ def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iter
             continue
         if name.endswith("sinks.weight"):
             name = name.removesuffix(".weight")
-        if arch in PERMUTED_ARCHITECTURES and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = unpermute_rotary(values, heads)
-        elif arch in PERMUTED_ARCHITECTURES and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = unpermute_rotary(values, kv_heads)
         yield name, values
 
@@ -364,8 +337,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
-    names = {"gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
-             "gpt-oss": _GPT_OSS_LAYER_NAMES, "olmo2": _OLMO2_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+    names = registry.GGUF_ARCHITECTURES[arch].gguf_layer_names
     block, layer, part = (base.split(".", 2) + ["", ""])[:3]
     if block != "blk" or not layer.isdigit() or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")

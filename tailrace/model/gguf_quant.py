@@ -27,7 +27,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
-from tailrace.model import gguf, int_linear
+from tailrace.model import gguf, int_linear, registry
 from tailrace.model.huge_pages import release_freed
 from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
 from tailrace.model.mxfp4 import e2m1_scales
@@ -169,7 +169,8 @@ def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
     """The head counts llama.cpp permuted q and k rows by, for the architectures it permutes (see
     gguf.checkpoint_tensors)."""
     arch = gguf.architecture(reader)
-    if arch not in gguf.PERMUTED_ARCHITECTURES:
+    entry = registry.GGUF_ARCHITECTURES.get(arch)
+    if entry is None or not entry.gguf_permuted:
         return {}
     heads = gguf.metadata(reader, f"{arch}.attention.head_count")
     return {"attn_q": heads, "attn_k": gguf.metadata(reader, f"{arch}.attention.head_count_kv", heads)}

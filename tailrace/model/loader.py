@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from tailrace.model import bf16_linear, gguf, int_linear
+from tailrace.model import bf16_linear, gguf, int_linear, registry
 from tailrace.model.config import ModelConfig, limit_context, load_model_config
 from tailrace.model.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.huge_pages import release_freed
@@ -59,48 +59,64 @@ def load_model(
                 check_quantization(model, quantization)
             init_dummy_weights(model, seed, quantization if shard is None else None)
         elif is_gguf(path):
-            reader = gguf.open_gguf(path)
-            # the file's own codes where they map, their float weights never read; quantize_model does the rest
-            blocks = block_projections(model, reader) if quantization is not None and shard is None else []
-            supplied = {f"{p.path}.weight" for p in blocks}
-            unread = {part.name for p in blocks for part in p.parts}
-            if any(is_table_head(p) for p in blocks):  # the lookups read the head's codes
-                supplied.add("model.embed_tokens.weight")
-            else:
-                unread.discard("token_embd.weight")  # the table the lookups read
-            tensors = gguf.checkpoint_tensors(reader, skip=unread)
-            load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
-            reorder_rotary_dims(model)
-            use_gguf_blocks(model, reader, blocks)
-            gguf.release_pages(reader)
+            _load_gguf(model, config, path, quantization, shard)
+        elif shard is None:
+            _load_safetensors(model, path, quantization)
         else:
-            # A GGUF file holds the norms' scales; a Gemma checkpoint holds them less 1 (llama.cpp's
-            # converter adds it, as this does).
-            offset = config.norm_weight_offset
-            if shard is None:
-                files = checkpoint_files(path)
-                tensors = safetensors_tensors(files)
-                # MXFP4 experts as they are, on the integer kernel, where the projections are quantized
-                mxfp4: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-                if config.architecture == "GptOssForCausalLM":
-                    mxfp4 = {} if quantization is not None and int_linear.available() else None
-                    tensors = gpt_oss_tensors(tensors, mxfp4)
-                supplied = _mxfp4_expert_weights(model, files) if mxfp4 is not None else set()
-                load_tensors(model, tensors, offset, supplied)
-                if mxfp4:
-                    use_mxfp4_experts(model, mxfp4)
-            else:
-                # named as the model names them before their parts are taken (Gemma 3's image-text ones)
-                lazy = safetensors_tensors(checkpoint_files(path), lazy=True)
-                named = ((_canonical(name), part) for name, part in lazy)
-                load_tensors(model, shard_tensors(named, config, shard), offset)
-            reorder_rotary_dims(model)
+            _load_safetensors_shard(model, config, path, shard)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
         quantize_model(model, quantization)
         release_freed()  # the float weights it replaced, which glibc would keep resident
     return model.eval(), config
+
+
+def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantization: str | None,
+               shard: Shard | None) -> None:
+    """The GGUF file's weights into `model` (`config`: the whole model's); unsharded and quantized,
+    the file's own codes where they map, their float weights never read (quantize_model does the rest)."""
+    reader = gguf.open_gguf(path)
+    blocks = block_projections(model, reader) if quantization is not None and shard is None else []
+    supplied = {f"{p.path}.weight" for p in blocks}
+    unread = {part.name for p in blocks for part in p.parts}
+    if any(is_table_head(p) for p in blocks):  # the lookups read the head's codes
+        supplied.add("model.embed_tokens.weight")
+    else:
+        unread.discard("token_embd.weight")  # the table the lookups read
+    tensors = gguf.checkpoint_tensors(reader, skip=unread)
+    load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
+    reorder_rotary_dims(model)
+    use_gguf_blocks(model, reader, blocks)
+    gguf.release_pages(reader)
+
+
+def _load_safetensors(model: LlamaForCausalLM, path: str, quantization: str | None) -> None:
+    """The checkpoint's weights into `model`. A GGUF file holds the norms' scales; a Gemma
+    checkpoint holds them less 1 (llama.cpp's converter adds it, as this does)."""
+    config = model.config
+    files = checkpoint_files(path)
+    tensors = safetensors_tensors(files)
+    # MXFP4 experts as they are, on the integer kernel, where the projections are quantized
+    mxfp4: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    if registry.architecture(config.architecture).mxfp4_experts:
+        mxfp4 = {} if quantization is not None and int_linear.available() else None
+        tensors = gpt_oss_tensors(tensors, mxfp4)
+    supplied = _mxfp4_expert_weights(model, files) if mxfp4 is not None else set()
+    load_tensors(model, tensors, config.norm_weight_offset, supplied)
+    if mxfp4:
+        use_mxfp4_experts(model, mxfp4)
+    reorder_rotary_dims(model)
+
+
+def _load_safetensors_shard(model: LlamaForCausalLM, config: ModelConfig, path: str, shard: Shard) -> None:
+    """`shard`'s part of the checkpoint's weights into `model` (`config`: the whole model's), each
+    read as a slice, named as the model names them before their parts are taken (Gemma 3's
+    image-text ones)."""
+    lazy = safetensors_tensors(checkpoint_files(path), lazy=True)
+    named = ((_canonical(name), part) for name, part in lazy)
+    load_tensors(model, shard_tensors(named, config, shard), config.norm_weight_offset)
+    reorder_rotary_dims(model)
 
 
 def resolve_quantization(quantization: str | None, path: str, device: str) -> str | None:
@@ -193,7 +209,7 @@ def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
     """The Hugging Face checkpoint tensors `model` loads from, with their shapes: fused projections
     as their parts (q/k/v, gate/up), but for an architecture whose checkpoints store them fused
     (Phi-3); what bench/shapes.py writes random weights for."""
-    fused_stored = model.config.architecture == "Phi3ForCausalLM"
+    fused_stored = registry.architecture(model.config.architecture).stored_fused
     shapes = {}
     for name, param in model.named_parameters():
         parts = _fused_parts(name)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tailrace.model import registry
 from tailrace.model.config import ModelConfig
 from tailrace.model.llama import Linear, LlamaForCausalLM, Module
 
@@ -44,7 +45,7 @@ def check_shardable(config: ModelConfig, size: int) -> None:
     # what each rank cannot compute from its own heads, or what the checkpoint stores fused
     unsplit = {"a mixture of experts": config.num_experts > 0,
                "q/k norms over all heads at once": config.qk_norm_over_heads,
-               "q/k/v and gate/up stored fused": config.architecture == "Phi3ForCausalLM"}
+               "q/k/v and gate/up stored fused": registry.architecture(config.architecture).stored_fused}
     for what, present in unsplit.items():
         if present and size > 1:
             raise ValueError(f"tensor_parallel_size {size}: {config.architecture} has {what}, which is not split "
