@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from tailrace.model.config import parse_model_config
-from tailrace.model.layer_plan import Step, layer_steps, norms_of
+from tailrace.model.config import ModelConfig, parse_model_config
+from tailrace.model.layer_plan import OUTSIDE_PLAN, Step, forward_plan, layer_steps, norms_of
 from tailrace.model.llama import DecoderLayer, Module
 
 BASE = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
@@ -77,3 +79,38 @@ class Block(Module):
     def forward(self, x: torch.Tensor, *_: object) -> torch.Tensor:
         self.seen = x
         return self.out
+
+
+class Recording:
+    """A ModelConfig that notes which fields are read."""
+
+    def __init__(self, config) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str):
+        self.read.add(name)
+        return getattr(self._config, name)
+
+
+def test_every_model_config_field_is_in_the_forward_plan_or_says_how_it_reaches_the_forward():
+    config = parse_model_config({**BASE, "model_type": "llama"})
+    recording = Recording(config)
+    forward_plan(recording)
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert recording.read <= fields
+    assert not recording.read & set(OUTSIDE_PLAN), "a field is both planned and listed as outside the plan"
+    assert fields - recording.read - set(OUTSIDE_PLAN) == set(), "a new ModelConfig field never reaches the forward"
+    assert set(OUTSIDE_PLAN) <= fields, "OUTSIDE_PLAN names a field ModelConfig no longer has"
+
+
+def test_the_kernels_forward_spec_has_every_number_of_the_plan():
+    from tailrace.model.cpu_kernels import kernels
+
+    if kernels() is None:
+        pytest.skip("tailrace's CPU kernels do not run here")
+    plan = forward_plan(parse_model_config({**BASE, "model_type": "llama"}))
+    spec = kernels().ForwardSpec()
+    for name, value in plan.numbers().items():
+        setattr(spec, name, value)
+        assert getattr(spec, name) == pytest.approx(value) if isinstance(value, float) else getattr(spec, name) == value

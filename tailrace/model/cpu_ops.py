@@ -23,15 +23,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from tailrace.model.attention import AttentionBatch, KVCache
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
+from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
 from tailrace.model.cpu_kernels import kernels
 from tailrace.model.cpu_linear import pack_linears, pack_routers
 from tailrace.model.huge_pages import Arena, release_freed
 from tailrace.model.int_linear import IntEmbedding, IntLinear
-from tailrace.model.layer_plan import norms_of
 from tailrace.model.config import ModelConfig
-from tailrace.model.llama import (ROTARY_MODULES, DecoderLayer, Embedding, LlamaForCausalLM, Module, MoE, RMSNorm,
-                                  replace_elementwise)
+from tailrace.model.layer_plan import LayerPlan, forward_plan
+from tailrace.model.llama import ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm, replace_elementwise
 from tailrace.model.paged_attention import PagedKVCache
 
 if TYPE_CHECKING:
@@ -81,41 +80,40 @@ class FusedForward:
     `takes` says it can use."""
 
     def __init__(self, model: LlamaForCausalLM) -> None:
-        config = model.config
+        plan = forward_plan(model.config)
         self.dtype = model.dtype
+        spec = kernels().ForwardSpec()
+        for name, value in plan.numbers().items():
+            setattr(spec, name, value)  # a field the kernel's spec lacks fails here
         forward = kernels().DecoderForward if model.dtype == torch.bfloat16 else kernels().DecoderForwardFloat32
-        routing = next((layer.mlp.routing for layer in model.model.layers if isinstance(layer.mlp, MoE)),
-                       {"top_k": 0, "topk_first": False, "normalize": False, "float32_weights": False})
-        self._forward = forward(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                config.head_dim, config.intermediate_size, config.rms_norm_eps, act=config.hidden_act,
-                                embedding_multiplier=config.embedding_multiplier, scale=config.attention_scale,
-                                softcap=config.attention_softcap or 0.0, swiglu_alpha=config.swiglu_alpha,
-                                swiglu_limit=config.swiglu_limit,
-                                moe_intermediate=config.moe_intermediate_size, experts_per_token=routing["top_k"],
-                                topk_first=routing["topk_first"], normalize_topk=routing["normalize"],
-                                router_float32=routing["float32_weights"])
+        self._forward = forward(spec)
         tables = [getattr(model.model, name) for name in ROTARY_MODULES.values() if hasattr(model.model, name)]
         table_index = {kind: i for i, kind in enumerate(kind for kind, name in ROTARY_MODULES.items()
                                                         if hasattr(model.model, name))}
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            experts = mlp.experts if isinstance(mlp, MoE) else []
-            self._forward.add_layer(
-                steps=[(step.op, step.norm and getattr(layer, step.norm).weight, step.factor) for step in layer.steps],
-                qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm), k_norm=_weight(attn.k_norm),
-                o=_buffers(attn.o_proj), gate_up=[] if experts else _buffers(mlp.gate_up_proj),
-                down=[] if experts else _buffers(mlp.down_proj),
-                rope=-1 if attn.rope is None else table_index[attn.rope], window=attn.how.window or 0,
-                sinks=attn.sinks, router=_buffers(mlp.gate) if experts else [],
-                expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
-                expert_down=[_buffers(expert.down_proj) for expert in experts])
+        for layer, layer_plan in zip(model.model.layers, plan.layers):
+            self._add_layer(layer, layer_plan, table_index)
         embed = model.model.embed_tokens
         table, packed, scales = ((embed.codes, True, embed.scales) if isinstance(embed, IntEmbedding)
                                  else (embed.packed, True, None) if isinstance(embed, PackedEmbedding)
                                  else (embed.weight, False, None))
-        self._forward.set_outer(embedding=table, vocab=config.vocab_size, packed=packed,
+        self._forward.set_outer(embedding=table, packed=packed,
                                 rotary=[t for table in tables for t in (table.cos, table.sin)],
                                 final_norm=model.model.norm.weight, embedding_scales=scales)
+
+    def _add_layer(self, layer: DecoderLayer, plan: LayerPlan, table_index: dict[str, int]) -> None:
+        """One layer's plan and weights: its steps as the module runs them (layer_plan.layer_steps),
+        each projection's buffers, its norms' weights, its sinks."""
+        attn, mlp = layer.self_attn, layer.mlp
+        experts = mlp.experts if plan.moe else []
+        self._forward.add_layer(
+            steps=[(step.op, step.norm and getattr(layer, step.norm).weight, step.factor) for step in layer.steps],
+            qkv=_buffers(attn.qkv_proj), q_norm=_weight(attn.q_norm), k_norm=_weight(attn.k_norm),
+            o=_buffers(attn.o_proj), gate_up=[] if experts else _buffers(mlp.gate_up_proj),
+            down=[] if experts else _buffers(mlp.down_proj),
+            rope=-1 if plan.rope is None else table_index[plan.rope], window=plan.window,
+            sinks=attn.sinks, router=_buffers(mlp.gate) if experts else [],
+            expert_gate_up=[_buffers(expert.gate_up_proj) for expert in experts],
+            expert_down=[_buffers(expert.down_proj) for expert in experts])
 
     def takes(self, cache: KVCache | PagedKVCache) -> bool:
         """Attention read from the pages by tailrace's kernel, at the model's dtype."""

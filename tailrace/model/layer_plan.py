@@ -63,3 +63,85 @@ def norms_of(steps: tuple[Step, ...]) -> list[str]:
     """The norms the steps apply, each once, in NORMS' order."""
     used = {step.norm for step in steps}
     return [name for name in NORMS if name in used]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    steps: tuple[Step, ...]
+    window: int  # the positions a query sees back from itself; 0: all
+    rope: str | None  # the rotary table it turns q/k by ("global" / "local"), None: no positions (NoPE)
+    moe: bool  # its MLP is a mixture of experts
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardPlan:
+    """A model's forward from token ids to the final norm, described once: the model-wide numbers
+    (what csrc/decoder.cpp's ForwardSpec holds, field for field) and each layer's plan. What else
+    the forward needs comes as weights and tables (OUTSIDE_PLAN says which)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    act: str  # "silu", "gelu_tanh" or "swiglu_oai" (with swiglu_alpha and swiglu_limit)
+    embedding_multiplier: float  # the embedding rows times it, rounded to the dtype first (1: none)
+    scale: float  # q.k's
+    softcap: float  # the attention scores' (0: none)
+    swiglu_alpha: float
+    swiglu_limit: float
+    moe_intermediate: int
+    experts_per_token: int  # 0: a dense model
+    topk_first: bool
+    normalize_topk: bool
+    router_float32: bool
+    layers: tuple[LayerPlan, ...]
+
+    def numbers(self) -> dict[str, object]:
+        """The model-wide fields, as the kernel's ForwardSpec takes them."""
+        return {name: getattr(self, name) for name in self.__slots__ if name != "layers"}
+
+
+def forward_plan(config: ModelConfig) -> ForwardPlan:
+    steps, experts = layer_steps(config), config.experts_per_token
+    layers = tuple(LayerPlan(steps, window or 0, rope, moe)
+                   for window, rope, moe in zip(config.layer_windows, config.layer_rope, config.layer_moe))
+    return ForwardPlan(
+        hidden=config.hidden_size, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, intermediate=config.intermediate_size, vocab=config.vocab_size,
+        eps=config.rms_norm_eps, act=config.hidden_act, embedding_multiplier=config.embedding_multiplier,
+        scale=config.attention_scale, softcap=config.attention_softcap or 0.0, swiglu_alpha=config.swiglu_alpha,
+        swiglu_limit=config.swiglu_limit, moe_intermediate=config.moe_intermediate_size,
+        experts_per_token=experts if any(config.layer_moe) else 0,
+        topk_first=config.router_topk_first, normalize_topk=config.norm_topk_prob,
+        router_float32=config.router_float32, layers=layers)
+
+
+# Every ModelConfig field forward_plan does not read, and how it reaches the forward (or why it
+# does not): tests/test_layer_plan.py fails on a field that is in neither, so a new feature cannot
+# be left out of the one-call forward unnoticed.
+OUTSIDE_PLAN = {
+    "architecture": "named only; its features are the other fields",
+    "num_hidden_layers": "the number of layer plans",
+    "rope_theta": "the rotary tables (llama.Rotary), passed as cos/sin",
+    "rope_scaling": "the rotary tables",
+    "local_rope_theta": "the rotary tables",
+    "rotary_dim": "the rotary tables and the q/k rows' order (llama.reorder_rotary_dims)",
+    "max_position_embeddings": "the rotary tables' length and the context served",
+    "tie_word_embeddings": "which table the embedding reads",
+    "attention_bias": "the q/k/v bias buffers",
+    "attention_out_bias": "o_proj's bias buffer",
+    "moe_bias": "the router's and experts' bias buffers",
+    "qk_norm": "the q/k norm weights, present or not",
+    "qk_norm_over_heads": "the q/k norm weights' width (all heads, or one)",
+    "norm_weight_offset": "folded into the norm weights at load",
+    "attention_sinks": "each layer's sinks tensor",
+    "num_experts": "each layer's experts",
+    "logit_divisor": "applied to the logits, after the forward's final norm",
+    "final_logit_softcap": "applied to the logits, after the forward's final norm",
+    "torch_dtype": "how the checkpoint is stored, not how it runs",
+    "bos_token_id": "the tokenizer's",
+    "eos_token_ids": "the engine's stop tokens",
+}

@@ -90,6 +90,21 @@ using StepArgs = std::tuple<std::string, c10::optional<torch::Tensor>, double>;
 template <typename Scalar>
 Scalar* data(const torch::Tensor& t) { return t.data_ptr<Scalar>(); }
 
+// A forward's model-wide numbers: layer_plan.ForwardPlan's, field for field (FusedForward sets each
+// by name, so a field on one side only fails there). act: the MLPs' and experts' gate, "silu",
+// "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss's, with swiglu_alpha and swiglu_limit);
+// embedding_multiplier: the embedding rows times it, rounded to the dtype first (1: none); scale,
+// softcap: the attention's (softcap 0: none); moe_intermediate, experts_per_token and the
+// routing's switches (kernels.h Routing): the mixture of experts' layers (0 experts a token: a
+// dense model).
+struct ForwardSpec {
+    int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+    double eps = 0, embedding_multiplier = 1, scale = 0, softcap = 0, swiglu_alpha = 0, swiglu_limit = 0;
+    std::string act = "silu";
+    int64_t moe_intermediate = 0, experts_per_token = 0;
+    bool topk_first = false, normalize_topk = false, router_float32 = false;
+};
+
 // Scalar: c10::BFloat16 or float, the model's dtype (activations, norms, pages, packed weights).
 template <typename Scalar>
 class DecoderForward {
@@ -97,24 +112,17 @@ class DecoderForward {
     static constexpr const char* kName = std::is_same_v<Scalar, float> ? "float32" : "bfloat16";
 
 public:
-    // act: the MLPs' and experts' gate, "silu", "gelu_tanh" (GeGLU) or "swiglu_oai" (gpt-oss's, with
-    // swiglu_alpha and swiglu_limit); embedding_multiplier: the embedding rows times it, rounded to
-    // the dtype first (1: none); scale, softcap: the attention's (softcap 0: none); moe_intermediate,
-    // experts_per_token and the routing's switches (kernels.h Routing): the mixture of experts'
-    // layers (0 experts a token: a dense model).
-    DecoderForward(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-                   const std::string& act, double embedding_multiplier, double scale, double softcap,
-                   double swiglu_alpha, double swiglu_limit, int64_t moe_intermediate,
-                   int64_t experts_per_token, bool topk_first, bool normalize_topk, bool router_float32)
-        : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), intermediate_(intermediate),
-          moe_intermediate_(moe_intermediate), eps_(static_cast<float>(eps)), act_(act_named(act)),
-          embedding_multiplier_(static_cast<float>(static_cast<Scalar>(static_cast<float>(embedding_multiplier)))),
-          scale_(static_cast<float>(scale)), softcap_(static_cast<float>(softcap)),
-          swiglu_alpha_(static_cast<float>(swiglu_alpha)),
-          swiglu_limit_(static_cast<float>(swiglu_limit)),
-          routing_{0, experts_per_token, topk_first, normalize_topk, router_float32} {
-        TORCH_CHECK(head_dim % 32 == 0 && head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
-        TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+    explicit DecoderForward(const ForwardSpec& s)
+        : hidden_(s.hidden), heads_(s.heads), kv_heads_(s.kv_heads), dim_(s.head_dim), intermediate_(s.intermediate),
+          moe_intermediate_(s.moe_intermediate), eps_(static_cast<float>(s.eps)), act_(act_named(s.act)),
+          embedding_multiplier_(static_cast<float>(static_cast<Scalar>(static_cast<float>(s.embedding_multiplier)))),
+          scale_(static_cast<float>(s.scale)), softcap_(static_cast<float>(s.softcap)),
+          swiglu_alpha_(static_cast<float>(s.swiglu_alpha)),
+          swiglu_limit_(static_cast<float>(s.swiglu_limit)),
+          routing_{0, s.experts_per_token, s.topk_first, s.normalize_topk, s.router_float32}, vocab_(s.vocab) {
+        TORCH_CHECK(s.hidden > 0 && s.heads > 0 && s.kv_heads > 0, "the spec's hidden, heads and kv_heads must be set");
+        TORCH_CHECK(s.head_dim % 32 == 0 && s.head_dim <= 256, "head_dim must be a multiple of 32, at most 256");
+        TORCH_CHECK(s.heads % s.kv_heads == 0, "query heads must be a multiple of KV heads");
     }
 
     // steps: the layer's (layer_plan.layer_steps), each (op, its norm's weight or None, factor). Each
@@ -183,12 +191,12 @@ public:
     // With `embedding_scales` the packed table is a tied int8 head's (int_linear.IntEmbedding): codes
     // [vectors, hidden / 2, 32] int8, the pairs side by side, vectors in whole tiles of 4; scales
     // [vectors / 4, groups, 4, 16] float16, a group's scale for each of a tile's 64 rows.
-    void set_outer(const torch::Tensor& embedding, int64_t vocab, bool packed, const std::vector<torch::Tensor>& rotary,
+    void set_outer(const torch::Tensor& embedding, bool packed, const std::vector<torch::Tensor>& rotary,
                    const torch::Tensor& final_norm, const c10::optional<torch::Tensor>& embedding_scales) {
         const torch::Tensor scales = defined(embedding_scales);
         if (scales.defined()) {
             TORCH_CHECK(packed && embedding.scalar_type() == torch::kInt8 && embedding.is_contiguous() &&
-                        embedding.dim() == 3 && embedding.size(0) % 4 == 0 && embedding.size(0) * kLanes >= vocab &&
+                        embedding.dim() == 3 && embedding.size(0) % 4 == 0 && embedding.size(0) * kLanes >= vocab_ &&
                         embedding.size(1) == hidden_ / 2 && embedding.size(2) == 2 * kLanes,
                         "int8 embedding codes must be [whole tiles of 4 vectors of 16 rows, ", hidden_ / 2, ", 32]");
             TORCH_CHECK(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() && scales.dim() == 4 &&
@@ -199,10 +207,10 @@ public:
             TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
                         "the embedding must be contiguous ", kName);
             if (packed)
-                check_packed(embedding, hidden_, vocab);
+                check_packed(embedding, hidden_, vocab_);
             else
-                TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab && embedding.size(1) == hidden_,
-                            "the embedding table must be [", vocab, ", ", hidden_, "]");
+                TORCH_CHECK(embedding.dim() == 2 && embedding.size(0) == vocab_ && embedding.size(1) == hidden_,
+                            "the embedding table must be [", vocab_, ", ", hidden_, "]");
         }
         TORCH_CHECK(!rotary.empty() && rotary.size() <= 4 && rotary.size() % 2 == 0, "rotary is cos, sin[, cos, sin]");
         for (const torch::Tensor& table : rotary)
@@ -214,7 +222,6 @@ public:
         check_norm(final_norm, hidden_);
         embedding_ = embedding;
         embedding_scales_ = scales;
-        vocab_ = vocab;
         packed_embedding_ = packed;
         rotary_ = rotary;
         final_norm_ = final_norm;
@@ -625,17 +632,11 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
     namespace py = pybind11;
     using Forward = DecoderForward<Scalar>;
     py::class_<Forward>(m, name, doc)
-        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, const std::string&, double, double, double,
-                      double, double, int64_t, int64_t, bool, bool, bool>(),
-             py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"),
-             py::arg("eps"), py::arg("act"), py::arg("embedding_multiplier"), py::arg("scale"), py::arg("softcap"),
-             py::arg("swiglu_alpha"), py::arg("swiglu_limit"),
-             py::arg("moe_intermediate"), py::arg("experts_per_token"), py::arg("topk_first"),
-             py::arg("normalize_topk"), py::arg("router_float32"))
+        .def(py::init<const ForwardSpec&>(), py::arg("spec"))
         .def("add_layer", &Forward::add_layer, py::arg("steps"), py::arg("qkv"), py::arg("q_norm"), py::arg("k_norm"),
              py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
              py::arg("router"), py::arg("expert_gate_up"), py::arg("expert_down"))
-        .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("vocab"), py::arg("packed"),
+        .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("packed"),
              py::arg("rotary"), py::arg("final_norm"), py::arg("embedding_scales") = py::none())
         .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),
              "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
@@ -645,6 +646,27 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
 }  // namespace
 
 void register_decoder(pybind11::module& m) {
+    namespace py = pybind11;
+    py::class_<ForwardSpec>(m, "ForwardSpec", "a forward's model-wide numbers (layer_plan.ForwardPlan's)")
+        .def(py::init<>())
+        .def_readwrite("hidden", &ForwardSpec::hidden)
+        .def_readwrite("heads", &ForwardSpec::heads)
+        .def_readwrite("kv_heads", &ForwardSpec::kv_heads)
+        .def_readwrite("head_dim", &ForwardSpec::head_dim)
+        .def_readwrite("intermediate", &ForwardSpec::intermediate)
+        .def_readwrite("vocab", &ForwardSpec::vocab)
+        .def_readwrite("eps", &ForwardSpec::eps)
+        .def_readwrite("act", &ForwardSpec::act)
+        .def_readwrite("embedding_multiplier", &ForwardSpec::embedding_multiplier)
+        .def_readwrite("scale", &ForwardSpec::scale)
+        .def_readwrite("softcap", &ForwardSpec::softcap)
+        .def_readwrite("swiglu_alpha", &ForwardSpec::swiglu_alpha)
+        .def_readwrite("swiglu_limit", &ForwardSpec::swiglu_limit)
+        .def_readwrite("moe_intermediate", &ForwardSpec::moe_intermediate)
+        .def_readwrite("experts_per_token", &ForwardSpec::experts_per_token)
+        .def_readwrite("topk_first", &ForwardSpec::topk_first)
+        .def_readwrite("normalize_topk", &ForwardSpec::normalize_topk)
+        .def_readwrite("router_float32", &ForwardSpec::router_float32);
     register_forward<c10::BFloat16>(m, "DecoderForward",
                                     "a bfloat16 decoder forward, token ids to the final norm, in one call");
     register_forward<float>(m, "DecoderForwardFloat32",
