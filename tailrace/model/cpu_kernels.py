@@ -115,14 +115,11 @@ class Build:
 
 
 @functools.cache
-def build() -> Build:
-    """Build (once per environment) and load the kernels for this CPU."""
+def _loaded(isa: str) -> Build:
+    """Build (once per environment) and load the `isa` build, whatever `target()` chose: the one
+    place that compiles, loads and configures a build, for `build()` and `load_build()` alike."""
     from torch.utils import cpp_extension
 
-    asked, isa = envs.get("TAILRACE_CPU_KERNELS"), target()
-    if isa is None:
-        why = "TAILRACE_CPU_KERNELS=0" if asked == "0" else "this CPU has neither AVX-512 nor AVX2"
-        return Build(None, None, why)
     name = "tailrace_cpu_kernels" if isa == "avx512" else f"tailrace_cpu_kernels_{isa}"
     try:
         import ninja  # the pip package's binary: a venv's bin/ need not be on PATH
@@ -138,6 +135,33 @@ def build() -> Build:
     # The kernels read no environment of their own: their process-wide switches come from here.
     module.configure(amx=envs.enabled("TAILRACE_CPU_AMX"), bf16_dot=envs.enabled("TAILRACE_CPU_BF16_DOT"))
     return Build(module, isa, None)
+
+
+def load_build(isa: str) -> ModuleType | None:
+    """The `isa` build ("avx512" or "avx2") loaded into this process whatever `target()` and
+    TAILRACE_CPU_KERNELS chose, built first if need be; None where this CPU cannot run it or it
+    does not build. Both builds load side by side (each its own module), which is how
+    tests/test_backend_ops.py and bench/backend_ops.py compare them on one machine; where `isa` is
+    the process's target, this is `kernels()`'s module."""
+    if isa not in _TARGETS:
+        raise ValueError(f"no kernel build {isa!r}: one of {', '.join(_TARGETS)}")
+    runs = torch.cpu._is_avx512_supported() if isa == "avx512" else torch.cpu._is_avx2_supported()
+    if not runs:
+        return None
+    loaded = _loaded(isa)
+    if loaded.module is None:
+        logger.warning("%s", loaded.missing)
+    return loaded.module
+
+
+@functools.cache
+def build() -> Build:
+    """Build (once per environment) and load the kernels for this CPU."""
+    asked, isa = envs.get("TAILRACE_CPU_KERNELS"), target()
+    if isa is None:
+        why = "TAILRACE_CPU_KERNELS=0" if asked == "0" else "this CPU has neither AVX-512 nor AVX2"
+        return Build(None, None, why)
+    return _loaded(isa)
 
 
 def kernels() -> ModuleType | None:
