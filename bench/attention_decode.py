@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import torch
 from decode_step import forward_step, load_as_engine, prefilled_cache  # bench/ is on sys.path
 
-from tailrace.model.attention import AttentionBatch, SeqSlice
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 
 
 def best_of(fn, repeats: int) -> float:

@@ -1,5 +1,5 @@
 """Every CPU kernel op x dtype x ISA build timed, as llama.cpp's `test-backend-ops perf` times its
-ops: model/kernel_ops.py's table at a model's widths (SmolLM2-135M's), `--rows` rows at a time
+ops: model/cpu/kernel_ops.py's table at a model's widths (SmolLM2-135M's), `--rows` rows at a time
 (1: a decode step's row; paged_attention: sequences of one new row after ~512 cached positions):
 
     .venv/bin/python bench/backend_ops.py --rows 1 32 --repeats 50 --threads 2 --out bench/out/backend_ops.json
@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from tailrace.model import kernel_ops
-from tailrace.model.cpu_kernels import load_build
+from tailrace.model.cpu import kernel_ops
+from tailrace.model.cpu.kernels import load_build
 
 BUILDS = ("avx512", "avx2")
 

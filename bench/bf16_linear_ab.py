@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 import torch
 
 from tailrace.bench.shapes import SHAPES, Shape
-from tailrace.model.bf16_linear import available, kernel_linear
-from tailrace.model.cpu_linear import PackedLinear
+from tailrace.model.cpu.bf16_linear import available, kernel_linear
+from tailrace.model.cpu.linear import PackedLinear
 
 
 def projection_shapes(shape: Shape) -> list[tuple[int, int]]:

@@ -30,11 +30,12 @@ import torch.nn.functional as F
 
 from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
 from tailrace.engine.sampler import greedy_tokens
-from tailrace.model import backends, bf16_linear, cpu_ops
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.cpu_linear import PackedLinear, packable
-from tailrace.model.loader import load_model
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model import backends
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu import bf16_linear, ops as cpu_ops
+from tailrace.model.cpu.linear import PackedLinear, packable
+from tailrace.model.loading.loader import load_model
 from tailrace.model.quant import QUANTIZATIONS
 
 _BANDWIDTH_BYTES = 1 << 30

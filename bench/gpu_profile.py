@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 from tailrace import LLM
 from tailrace import llm as llm_module
 from tailrace.engine import core, model_runner, scheduler, step_inputs
-from tailrace.model import paged_attention
+from tailrace.model.attention import paged as paged_attention
 
 
 def graph_ms(llm: LLM, size: int, reps: int = 20) -> float:

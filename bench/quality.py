@@ -26,7 +26,7 @@ import torch
 from decode_step import load_as_engine, sequence_cache  # bench/ is on sys.path when a script here runs
 
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model.attention import AttentionBatch, SeqSlice
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 from tailrace.tokenizer import load_tokenizer
 
 FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),

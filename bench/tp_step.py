@@ -33,9 +33,9 @@ from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.engine.step_inputs import StepInputs
 from tailrace.engine.tp_step import encode_step
-from tailrace.model.attention import AttentionBatch, SeqSlice
-from tailrace.model.config import load_model_config
-from tailrace.model.tp_shard import check_shardable, vocab_rows
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
+from tailrace.model.loading.loader import load_model_config
+from tailrace.model.loading.tp_shard import check_shardable, vocab_rows
 from tailrace.sampling_params import SamplingParams
 
 BATCHES = (1, 32)

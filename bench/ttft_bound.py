@@ -49,7 +49,7 @@ from tailrace.bench.records import DONE, chunk_text  # noqa: E402
 from tailrace.bench.serve import LoadConfig, request_body  # noqa: E402
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready  # noqa: E402
 from tailrace.bench.sse import SSEDecoder  # noqa: E402
-from tailrace.model.config import load_model_config  # noqa: E402
+from tailrace.model.loading.loader import load_model_config  # noqa: E402
 
 
 _SETTLE_S = 0.05

@@ -18,10 +18,10 @@ from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.check.cli import add_check_parser, run_check
 from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
 from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
-from tailrace.model.loader import LOAD_FORMATS
+from tailrace.model.loading.loader import LOAD_FORMATS
+from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
-from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
@@ -251,8 +251,8 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     """The engine config (`config` when already checked), tokenizer and server config the serve
     flags ask for; ValueError names a bad one."""
     from tailrace.api.app import ServerConfig
-    from tailrace.model.gguf import forget_readers
-    from tailrace.model.hub import served_name
+    from tailrace.model.loading.gguf import forget_readers
+    from tailrace.model.loading.hub import served_name
     from tailrace.tokenizer import load_tokenizer, read_chat_template
 
     config = config or checked_engine_config(args)

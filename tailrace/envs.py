@@ -1,7 +1,7 @@
 """Every environment variable tailrace reads, read here and nowhere else.
 
 Each is read when asked for (not at import), so a test or a child process that sets one sees it.
-The C++ kernels read none: `model/cpu_kernels.py` passes theirs in as arguments. The table in
+The C++ kernels read none: `model/cpu/kernels.py` passes theirs in as arguments. The table in
 docs/architecture.md ("Environment variables") is `table()`'s output, and a test keeps the two
 equal.
 """

@@ -16,9 +16,9 @@ import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders
 
-from tailrace.model import gguf
-from tailrace.model.gguf_tokenizer import build_tokenizer
-from tailrace.model.hub import is_gguf
+from tailrace.model.loading import gguf
+from tailrace.model.loading.gguf_tokenizer import build_tokenizer
+from tailrace.model.loading.hub import is_gguf
 
 _BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 

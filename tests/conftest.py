@@ -77,8 +77,8 @@ def embedded_model() -> str:
 
 @pytest.fixture
 def triton_interpreter():
-    """Skip without triton; without a GPU, run tailrace's Triton kernels (model/triton_attention.py,
-    model/triton_ops.py) on CPU tensors in triton's interpreter.
+    """Skip without triton; without a GPU, run tailrace's Triton kernels (model/attention/triton_paged.py,
+    model/gpu/triton_ops.py) on CPU tensors in triton's interpreter.
 
     Triton picks the interpreter when a function is decorated, if TRITON_INTERPRET=1 is set then.
     Other test modules import triton earlier without it (torch._dynamo does, on import), so the
@@ -95,7 +95,9 @@ def triton_interpreter():
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
-    from tailrace.model import triton_attention, triton_ops
+    from tailrace.model.attention import triton_paged as triton_attention
+
+    from tailrace.model.gpu import triton_ops
 
     def interpret_call(jit_function, *args, **kwargs):
         return interpreter.InterpretedFunction(jit_function.fn)(*args, **kwargs)

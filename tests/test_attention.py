@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu.kernels import kernels
 
 # tailrace's paged CPU kernel, where it runs (AVX512 and a compiler)
 PAGED_NATIVE = [pytest.param("paged", dtype, marks=pytest.mark.skipif(kernels() is None, reason="no tailrace CPU kernels"))

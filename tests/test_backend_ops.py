@@ -1,4 +1,4 @@
-"""Every CPU kernel op x dtype x ISA build (model/kernel_ops.py's table), as llama.cpp's
+"""Every CPU kernel op x dtype x ISA build (model/cpu/kernel_ops.py's table), as llama.cpp's
 test-backend-ops checks its backends: each build against the op's Python reference, within the
 tolerance the op's own tests allow (test_cpu_ops, test_bf16_linear, test_int_linear,
 test_paged_attention, test_greedy, test_token_mask), and the avx512 and avx2 builds against each
@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 
-from tailrace.model import kernel_ops
-from tailrace.model.cpu_kernels import load_build
-from tailrace.model.kernel_ops import EXACT, Tolerance
+from tailrace.model.cpu import kernel_ops
+from tailrace.model.cpu.kernel_ops import EXACT, Tolerance
+from tailrace.model.cpu.kernels import load_build
 
 BUILDS = ("avx512", "avx2")
 CASES = [pytest.param(op, dtype, id=f"{op.name}-{dtype.replace('/', '-')}") for op, dtype in kernel_ops.cases()]
@@ -62,7 +62,7 @@ def test_without_amx_tiles_the_builds_bfloat16_projections_are_the_same_bits():
     builds = [module(isa) for isa in BUILDS]
     if not any(m.amx_active() for m in builds):
         pytest.skip("no AMX tiles here: test_the_builds_agree already asks for the same bits")
-    child = ("from tailrace.model import kernel_ops as k; from tailrace.model.cpu_kernels import load_build; "
+    child = ("from tailrace.model.cpu import kernel_ops as k; from tailrace.model.cpu.kernels import load_build; "
              "op = k.BY_NAME['linear']; i = k.make_inputs(op, 'bfloat16', seed=3, rows=32, **op.bench_shape); "
              "a, b = (op.run(load_build(isa), i) for isa in ('avx512', 'avx2')); "
              "assert not load_build('avx512').amx_active(); problem = k.same_bits(a, b); "

@@ -24,7 +24,7 @@ from tailrace.bench.report import format_comparison, summarize
 from tailrace.bench.serve import LoadConfig
 from tailrace.cli import main
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model.loader import load_model
+from tailrace.model.loading.loader import load_model
 
 
 def settings(**changes: object) -> PeerSettings:

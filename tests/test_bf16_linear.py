@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailrace.model import bf16_linear
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_takes, pack, pack_float32
-from tailrace.model.cpu_linear import PackedLinear, pack_linears
-from tailrace.model.loader import load_model
+from tailrace.model.cpu import bf16_linear
+from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_takes, pack, pack_float32
+from tailrace.model.cpu.linear import PackedLinear, pack_linears
+from tailrace.model.loading.loader import load_model
 
 from conftest import EMBEDDED
 from test_quant import _prefill_logits
@@ -136,7 +136,7 @@ def test_the_avx512_loop_and_amx_tiles_agree_and_each_keeps_rows_apart(tmp_path)
     weight, bias = random_linear(100, 576, True, seed=1)
     x = torch.randn(37, 576, generator=torch.Generator().manual_seed(1)).bfloat16()
     torch.save((weight, bias, x), tmp_path / "in.pt")
-    child = ("import sys, torch; from tailrace.model.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
+    child = ("import sys, torch; from tailrace.model.cpu.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
              "f = Bf16Linear(w, b); torch.save((f(x), torch.cat([f(x[i:i + 1]) for i in range(len(x))])), sys.argv[2])")
     subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env={**os.environ, "TAILRACE_CPU_AMX": "0"}, check=True)
@@ -165,7 +165,7 @@ def test_without_the_bfloat16_dot_product_two_fmas_a_pair_give_its_sums(tmp_path
     weight, bias = random_linear(40, 600, True, seed=2)  # K over one block of 256 pairs
     x = torch.randn(13, 600, generator=torch.Generator().manual_seed(2)).bfloat16()
     torch.save((weight, bias, x), tmp_path / "in.pt")
-    child = ("import sys, torch; from tailrace.model.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
+    child = ("import sys, torch; from tailrace.model.cpu.bf16_linear import Bf16Linear; w, b, x = torch.load(sys.argv[1]); "
              "f = Bf16Linear(w, b); torch.save((f(x), torch.cat([f(x[i:i + 1]) for i in range(len(x))])), sys.argv[2])")
     subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0", "TAILRACE_CPU_AMX": "0"}, check=True)

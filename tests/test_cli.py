@@ -170,7 +170,7 @@ def test_the_api_process_keeps_no_gguf_reader_once_set_up(tmp_path):
     from gguf_writer import write_gguf
 
     from tailrace.cli import server_setup
-    from tailrace.model.gguf import open_gguf
+    from tailrace.model.loading.gguf import open_gguf
 
     path = str(write_gguf(tmp_path / "tiny.gguf"))
     cached = open_gguf(path)

@@ -5,7 +5,7 @@ import pytest
 
 from tailrace.cli import build_parser, engine_config_from
 from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
-from tailrace.model import cpu_kernels
+from tailrace.model.cpu import kernels as cpu_kernels
 
 
 def test_auto_device_is_cuda_when_a_gpu_is_visible_else_cpu():

@@ -1,4 +1,4 @@
-"""model/cpu_kernels.py: which build a CPU runs. The kernels themselves are tested through their
+"""model/cpu/kernels.py: which build a CPU runs. The kernels themselves are tested through their
 callers (test_bf16_linear, test_int_linear, test_paged_attention, test_cpu_ops, test_fused_forward),
 on whichever build this machine takes."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tailrace.model import cpu_kernels
+from tailrace.model.cpu import kernels as cpu_kernels
 
 
 @pytest.mark.parametrize("avx512, avx2, asked, expected", [
@@ -73,7 +73,7 @@ def test_the_kernels_load_past_a_lock_file_left_in_their_build_directory():
     left = Path(cpu_kernels._build_directory(name)) / "lock"
     left.touch()
     try:
-        subprocess.run([sys.executable, "-c", "from tailrace.model.cpu_kernels import kernels; assert kernels()"],
+        subprocess.run([sys.executable, "-c", "from tailrace.model.cpu.kernels import kernels; assert kernels()"],
                        check=True, timeout=300)
         assert not left.exists()
     finally:

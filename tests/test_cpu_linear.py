@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailrace.model.cpu_linear import PackedLinear, pack_linears, packable
-from tailrace.model.llama import Linear
-from tailrace.model.loader import load_model
+from tailrace.model.cpu.linear import PackedLinear, pack_linears, packable
+from tailrace.model.decoder.llama import Linear
+from tailrace.model.loading.loader import load_model
 
 from conftest import EMBEDDED
 from test_quant import _prefill_logits

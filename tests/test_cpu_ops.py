@@ -11,11 +11,13 @@ import sys
 import pytest
 import torch
 
-from tailrace.model import backends, cpu_ops
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
+from tailrace.model import backends
+
+from tailrace.model.cpu import ops as cpu_ops
+from tailrace.model.cpu.kernels import kernels
+from tailrace.model.decoder.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
                                   swiglu_oai_and_mul)
-from tailrace.model.loader import load_model
+from tailrace.model.loading.loader import load_model
 
 from conftest import EMBEDDED
 from test_quant import _prefill_logits
@@ -86,7 +88,7 @@ def test_subnormals_are_kept_by_the_integer_rounding_and_only_they_may_differ_na
     x[0] = torch.tensor(1e-39).bfloat16()  # the norm's scaled row is subnormal before the weight
     weight = torch.randn(64, generator=generator).bfloat16()
     torch.save((gate_up, x, weight), tmp_path / "in.pt")
-    child = ("import sys, torch; from tailrace.model.cpu_kernels import kernels; g, x, w = torch.load(sys.argv[1]); "
+    child = ("import sys, torch; from tailrace.model.cpu.kernels import kernels; g, x, w = torch.load(sys.argv[1]); "
              "torch.save((kernels().silu_mul(g), kernels().rms_norm(x, w, 1e-5)), sys.argv[2])")
     subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0"}, check=True)

@@ -13,13 +13,15 @@ from gguf_writer import write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailrace.model import backends, bf16_linear, cpu_ops, int_linear
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.config import parse_model_config
-from tailrace.model.layer_plan import NORMS, Step
-from tailrace.model.llama import LlamaForCausalLM
-from tailrace.model.loader import load_model
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model import backends
+
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu import bf16_linear, int_linear, ops as cpu_ops
+from tailrace.model.decoder.config import parse_model_config
+from tailrace.model.decoder.layer_plan import NORMS, Step
+from tailrace.model.decoder.llama import LlamaForCausalLM
+from tailrace.model.loading.loader import load_model
 from tailrace.model.quant import quantize_model
 
 pytestmark = pytest.mark.skipif(not bf16_linear.available(), reason="no tailrace CPU kernels here")
@@ -192,7 +194,7 @@ def test_any_order_of_norms_and_multipliers_gives_the_per_module_bits(blocks, mo
         after = [Step("norm_output", output_norm)] if output_norm else []
         scale = [Step("scale", factor=factor)] if factor != 1.0 else []
         steps += [Step("read", read), Step(block), *(scale + after if scale_first else after + scale), Step("add")]
-    with mock.patch("tailrace.model.llama.layer_steps", return_value=tuple(steps)):
+    with mock.patch("tailrace.model.decoder.llama.layer_steps", return_value=tuple(steps)):
         model = random_model(model_type, dtype=dtype)
     assert all(layer.steps == tuple(steps) for layer in model.model.layers)
     assert_one_call_gives_the_per_module_bits(model)
@@ -205,7 +207,7 @@ def test_any_order_of_norms_and_multipliers_gives_the_per_module_bits(blocks, mo
     ((Step("read"), Step("attention"), Step("norm_output"), Step("add")), "needs its norm"),
 ])
 def test_the_one_call_refuses_steps_it_cannot_run(steps, message):
-    with mock.patch("tailrace.model.llama.layer_steps", return_value=steps):
+    with mock.patch("tailrace.model.decoder.llama.layer_steps", return_value=steps):
         with pytest.raises(RuntimeError, match=message):
             random_model("llama")
 

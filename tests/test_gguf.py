@@ -14,10 +14,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf, write_out
 
 from tailrace import LLM, SamplingParams
-from tailrace.model.config import load_model_config
-from tailrace.model.gguf import (dequantize, forget_readers, open_gguf, stores_projections_quantized,
+from tailrace.model.loading.loader import load_model_config
+from tailrace.model.loading.gguf import (dequantize, forget_readers, open_gguf, stores_projections_quantized,
                                  unpermute_rotary)
-from tailrace.model.loader import load_model
+from tailrace.model.loading.loader import load_model
 
 PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]
 # Per-block error bound, as a fraction of the block's largest |weight|: half a step of the grid

@@ -10,11 +10,12 @@ from gguf.quants import dequantize, quantize
 from gguf_writer import llama_permute, write_gguf, write_out
 
 from tailrace.bench.peers.llamacpp import convert_command
-from tailrace.model import gguf as tailrace_gguf
-from tailrace.model import int_linear
-from tailrace.model.gguf_quant import decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows, use_gguf_blocks
-from tailrace.model.llama import Linear
-from tailrace.model.loader import load_model
+from tailrace.model.cpu import int_linear
+from tailrace.model.decoder.llama import Linear
+from tailrace.model.loading import gguf as tailrace_gguf
+from tailrace.model.loading.gguf_quant import (decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows,
+    use_gguf_blocks)
+from tailrace.model.loading.loader import load_model
 
 OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel
 needs_kernel = pytest.mark.skipif(not int_linear.available(), reason="MXFP4 runs on tailrace's kernel only")

@@ -12,7 +12,7 @@ from gguf_writer import EMBEDDED, Vocab, hf_vocab, write_gguf
 from tokenizer_fixtures import CORPUS
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from tailrace.model.gguf_tokenizer import merges_from_scores
+from tailrace.model.loading.gguf_tokenizer import merges_from_scores
 from tailrace.tokenizer import load_tokenizer, tokenizer_json
 
 TEXTS = CORPUS + ["  two leading spaces", "digits 1234567 and 3.14", "a\nb\n\n\tc", "<|im_start|>user\nhi<|im_end|>",

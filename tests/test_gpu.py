@@ -12,8 +12,8 @@ from tailrace.engine.client import EngineClient
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.engine.cuda_graphs import decode_logits, decode_size
-from tailrace.model import paged_attention
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention import paged as paged_attention
+from tailrace.model.attention.paged import PagedKVCache
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 from conftest import GPU_TESTS
 from test_engine_core import prompts, run

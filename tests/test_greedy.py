@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailrace.engine.sampler import SamplingRow, sample
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.cpu.kernels import kernels
 from tailrace.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernels do not run here")

@@ -14,7 +14,7 @@ from hub_cache import add_to_cache
 
 from tailrace import LLM, SamplingParams
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
-from tailrace.model.hub import resolve_model, served_name
+from tailrace.model.loading.hub import resolve_model, served_name
 
 MAIN, OTHER = "a" * 40, "b" * 40
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tailrace.model.huge_pages import HUGE_PAGE, Arena, release_freed
+from tailrace.model.cpu.huge_pages import HUGE_PAGE, Arena, release_freed
 
 
 def tensors() -> list[torch.Tensor]:

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailrace.model import int_linear
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.int_linear import BLOCK, IntEmbedding, IntLinear, pack_codes, pack_scales
-from tailrace.model.loader import load_model
+from tailrace.model.cpu import int_linear
+from tailrace.model.cpu.int_linear import BLOCK, IntEmbedding, IntLinear, pack_codes, pack_scales
+from tailrace.model.cpu.kernels import kernels
+from tailrace.model.loading.loader import load_model
 from tailrace.model.quant import E2M1_DOUBLED
 
 from conftest import EMBEDDED

@@ -5,7 +5,7 @@ import pytest
 
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 from tailrace.engine.kv_budget import activation_bytes, fixed_kv_cache_bytes, gpu_kv_cache_bytes
-from tailrace.model.config import load_model_config
+from tailrace.model.loading.loader import load_model_config
 
 GIB = 2**30
 

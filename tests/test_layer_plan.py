@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from tailrace.model.config import ModelConfig, parse_model_config
-from tailrace.model.layer_plan import OUTSIDE_PLAN, Step, forward_plan, layer_steps, norms_of
-from tailrace.model.llama import DecoderLayer, Module
+from tailrace.model.decoder.config import ModelConfig, parse_model_config
+from tailrace.model.decoder.layer_plan import OUTSIDE_PLAN, Step, forward_plan, layer_steps, norms_of
+from tailrace.model.decoder.llama import DecoderLayer, Module
 
 BASE = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 64}
@@ -105,7 +105,7 @@ def test_every_model_config_field_is_in_the_forward_plan_or_says_how_it_reaches_
 
 
 def test_the_kernels_forward_spec_has_every_number_of_the_plan():
-    from tailrace.model.cpu_kernels import kernels
+    from tailrace.model.cpu.kernels import kernels
 
     if kernels() is None:
         pytest.skip("tailrace's CPU kernels do not run here")

@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice, plain_attention
-from tailrace.model.loader import load_model
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice, plain_attention
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.loading.loader import load_model
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64

@@ -7,10 +7,11 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model import int_linear, loader
-from tailrace.model.int_linear import IntLinear
-from tailrace.model.loader import load_model, resolve_dtype
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.cpu import int_linear
+from tailrace.model.cpu.int_linear import IntLinear
+from tailrace.model.loading import loader
+from tailrace.model.loading.loader import load_model, resolve_dtype
 from tailrace.model.quant import quantize_model
 
 SMALL = dict(

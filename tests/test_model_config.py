@@ -8,7 +8,8 @@ import math
 import pytest
 
 from architectures import ARCHITECTURES, tiny
-from tailrace.model.config import limit_context, load_model_config, parse_model_config
+from tailrace.model.decoder.config import limit_context, parse_model_config
+from tailrace.model.loading.loader import load_model_config
 
 BASE = ARCHITECTURES["llama"]
 

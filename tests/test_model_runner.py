@@ -5,9 +5,9 @@ import torch
 
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
-from tailrace.model.attention import KVCache
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import KVCache
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu.kernels import kernels
 from tailrace.sampling_params import SamplingParams
 from test_engine_core import prompts, run
 

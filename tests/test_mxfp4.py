@@ -1,4 +1,4 @@
-"""MXFP4 dequantization and E2M1 codes (model/mxfp4.py), and the quantizer the tests write checkpoints with."""
+"""MXFP4 dequantization and E2M1 codes (model/loading/mxfp4.py), and the quantizer the tests write checkpoints with."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from mxfp4_writer import quantize_mxfp4
 
-from tailrace.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, e2m1_codes, e2m1_scales
+from tailrace.model.loading.mxfp4 import FP4_VALUES, dequantize_mxfp4, e2m1_codes, e2m1_scales
 from tailrace.model.quant import IntWeight
 
 

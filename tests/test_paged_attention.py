@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from tailrace.model import paged_attention, triton_attention
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages
-from tailrace.model.paged_attention import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
+from tailrace.model.attention import paged as paged_attention, triton_paged as triton_attention
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages
+from tailrace.model.attention.paged import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
+from tailrace.model.cpu.kernels import kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KV_HEADS, HEAD_DIM = 2, 32
@@ -170,7 +170,7 @@ def test_bfloat16_scores_from_two_fmas_a_pair_are_the_dot_instructions(tmp_path,
     k_pages, v_pages = torch.randn(2, NUM_BLOCKS * 16, KV_HEADS, head_dim, generator=g).bfloat16()
     args = (q, k_pages, v_pages, meta.query_start_loc, meta.seq_lens, meta.block_tables, 16, meta.num_seqs, SCALE)
     torch.save(args, tmp_path / "in.pt")
-    child = ("import sys, torch; from tailrace.model.cpu_kernels import kernels; "
+    child = ("import sys, torch; from tailrace.model.cpu.kernels import kernels; "
              "torch.save(kernels().paged_attention(*torch.load(sys.argv[1])), sys.argv[2])")
     subprocess.run([sys.executable, "-c", child, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env={**os.environ, "TAILRACE_CPU_BF16_DOT": "0"}, check=True)
@@ -289,7 +289,7 @@ def test_paged_cache_on_the_reference_path_matches_kv_cache(monkeypatch):
 
 def test_a_cpu_cache_never_imports_triton():
     """Triton alone is 52 MB of a CPU engine's RSS; only a CUDA cache may import it."""
-    code = ("import sys, torch; from tailrace.model.paged_attention import PagedKVCache; "
+    code = ("import sys, torch; from tailrace.model.attention.paged import PagedKVCache; "
             "PagedKVCache(2, 2, 32, 4, 16, torch.float32, 'cpu'); print('triton' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailrace.model import int_linear
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.config import parse_model_config
-from tailrace.model.llama import Linear, LlamaForCausalLM, Router
-from tailrace.model.loader import load_model
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.cpu import int_linear
+from tailrace.model.decoder.config import parse_model_config
+from tailrace.model.decoder.llama import Linear, LlamaForCausalLM, Router
+from tailrace.model.loading.loader import load_model
 from tailrace.model.quant import (INT4_GROUP_SIZE, Int4Linear, Int8Linear, IntWeight, SplitInt8Linear, linear_for,
                                   quantize_int4, quantize_int8, quantize_linear, quantize_model)
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.sequence import Sequence
 from tailrace.engine.step_inputs import PADDING_KEY, StepInputBuilder
-from tailrace.model.attention import SeqSlice
+from tailrace.model.attention.kv_cache import SeqSlice
 from tailrace.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")

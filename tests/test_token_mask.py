@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from tailrace.engine.structured_output import grammar
 from tailrace.engine.sampler import SamplingRow, make_generator, sample
+from tailrace.engine.structured_output import grammar
 from tailrace.engine.structured_output.grammar import MaskJob
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.cpu.kernels import kernels
 from tailrace.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernels do not run here")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from architectures import tiny
-from tailrace.model.config import parse_model_config
-from tailrace.model.tp_shard import Shard, check_shardable, local_config, part, take_part
+from tailrace.model.decoder.config import parse_model_config
+from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, part, take_part
 
 RAW = tiny("llama", vocab_size=259, head_dim=16)  # a vocabulary that 2 and 4 ranks do not divide
 CONFIG = parse_model_config(RAW)

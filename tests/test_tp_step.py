@@ -6,7 +6,7 @@ import torch
 
 from tailrace.engine.step_inputs import StepInputs
 from tailrace.engine.tp_step import decode_step, encode_step
-from tailrace.model.attention import AttentionBatch, SeqSlice
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 
 
 def test_a_step_comes_back_as_it_was_sent():

@@ -1,4 +1,4 @@
-"""model/triton_ops.py against llama.py's eager modules: on a GPU compiled, here in triton's
+"""model/gpu/triton_ops.py against llama.py's eager modules: on a GPU compiled, here in triton's
 interpreter (the triton_interpreter fixture)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tailrace.model.attention import AttentionBatch, KVCache, SeqSlice
-from tailrace.model.llama import RMSNorm, Rotary, apply_rotary, silu_and_mul
-from tailrace.model.loader import load_model
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
+from tailrace.model.decoder.llama import RMSNorm, Rotary, apply_rotary, silu_and_mul
+from tailrace.model.loading.loader import load_model
 from conftest import EMBEDDED
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -23,7 +23,7 @@ DTYPES = [pytest.param(torch.float32, 1e-5, id="float32"), pytest.param(torch.bf
 
 
 def ops():
-    from tailrace.model import triton_ops  # after the fixture: triton is there
+    from tailrace.model.gpu import triton_ops  # after the fixture: triton is there
 
     return triton_ops
 

@@ -31,7 +31,7 @@ from tailrace.bench.serve import (BenchError, LoadConfig, Workload, calibrate, f
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.shapes import SHAPES, write_shape, write_shape_config
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
-from tailrace.model.hub import is_gguf
+from tailrace.model.loading.hub import is_gguf
 
 OURS = "tailrace"
 PEERS = {peer.NAME: peer for peer in (transformers, vllm, llamacpp)}

@@ -24,7 +24,7 @@ from typing import Any
 
 from tailrace.bench.disk import ensure_room
 from tailrace.engine.config import EMBEDDED_MODEL
-from tailrace.model import registry
+from tailrace.model.decoder import registry
 
 SHAPES_DIR = Path(__file__).resolve().parents[2] / "bench" / ".shapes"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -152,9 +152,9 @@ def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     built on the meta device, so no memory is taken)."""
     import torch
 
-    from tailrace.model.config import parse_model_config
-    from tailrace.model.llama import LlamaForCausalLM
-    from tailrace.model.loader import checkpoint_shapes
+    from tailrace.model.decoder.config import parse_model_config
+    from tailrace.model.decoder.llama import LlamaForCausalLM
+    from tailrace.model.loading.loader import checkpoint_shapes
 
     config = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0}))
     with torch.device("meta"):
@@ -187,7 +187,7 @@ def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]
     (Gemma's are stored as the scale less one)."""
     import torch
 
-    from tailrace.model.config import parse_model_config
+    from tailrace.model.decoder.config import parse_model_config
 
     offset = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0})).norm_weight_offset
     weights = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from tailrace.model.hub import resolve_model
+from tailrace.model.loading.hub import resolve_model
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent.parent / "models" / "tiny")
 DEVICES = ("auto", "cpu", "cuda")
@@ -14,7 +14,7 @@ ATTENTION_BACKENDS = ("auto", "slab", "paged")
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # a directory, a .gguf file or a hub id (model/hub.py); None: the embedded tiny model
+    model: str | None = None  # a directory, a .gguf file or a hub id (model/loading/hub.py); None: the embedded tiny model
     revision: str | None = None  # of a hub id: a branch, tag or commit (default: main)
     dtype: str = "auto"
     # "int8" / "int4": weight-only, quantized at load (model/quant.py); "none": float weights; None:
@@ -85,11 +85,11 @@ def resolve_device(device: str, cuda_available: bool) -> str:
 
 def resolve_attention(attention: str, device: str, plain: bool = True) -> str:
     """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
-    kernel on CPUs with AVX512 or AVX2 (model/cpu_kernels.py). Elsewhere on CPU it is the slot slab,
+    kernel on CPUs with AVX512 or AVX2 (model/cpu/kernels.py). Elsewhere on CPU it is the slot slab,
     which measured faster there than PyTorch ops over the pages, for a model whose attention is
     `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
     if attention == "auto":
-        from tailrace.model.cpu_kernels import kernels
+        from tailrace.model.cpu.kernels import kernels
 
         return "paged" if device.startswith("cuda") or kernels() is not None or not plain else "slab"
     if attention == "slab" and not plain:

@@ -18,8 +18,8 @@ import torch
 
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
-from tailrace.model.llama import LlamaForCausalLM
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.decoder.llama import LlamaForCausalLM
 
 
 def decode_sizes(max_num_seqs: int) -> list[int]:

@@ -6,7 +6,7 @@ but the fraction must be free when the server starts."""
 from __future__ import annotations
 
 from tailrace.engine.config import EngineConfig
-from tailrace.model.config import ModelConfig
+from tailrace.model.decoder.config import ModelConfig
 
 _GIB = 2**30
 # CUDA graphs' memory pool, the Triton kernels' and the sampler's scratch, allocator slack: an

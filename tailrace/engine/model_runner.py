@@ -30,16 +30,16 @@ from tailrace.engine.threads import ThreadTuner, available_cores, thread_candida
 from tailrace.engine.tp_step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import backends
-from tailrace.model.attention import KVCache, plain_attention
-from tailrace.model.loader import load_model, resolve_quantization
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import KVCache, plain_attention
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.loading.loader import load_model, resolve_quantization
 from tailrace.outputs import TokenLogprob
 
 log = logging.getLogger("tailrace.engine")
 
 if TYPE_CHECKING:
     from tailrace.engine.tp_workers import TensorParallel
-    from tailrace.model.llama import LlamaForCausalLM
+    from tailrace.model.decoder.llama import LlamaForCausalLM
 
 
 @dataclass(slots=True)
@@ -275,13 +275,13 @@ class ModelRunner:
 
 
 def _use_triton_ops(model: LlamaForCausalLM) -> None:
-    """A half-precision model's norms, rotary and SiLU-and-multiply through Triton (model/triton_ops.py),
+    """A half-precision model's norms, rotary and SiLU-and-multiply through Triton (model/gpu/triton_ops.py),
     where triton is installed; PyTorch's ops otherwise, or with TAILRACE_TRITON_OPS=0 (as
     TAILRACE_CPU_KERNELS=0 for the CPU kernels: for a same-run comparison or a suspected kernel)."""
     if not envs.enabled("TAILRACE_TRITON_OPS"):
         return
     try:
-        from tailrace.model import triton_ops
+        from tailrace.model.gpu import triton_ops
     except ImportError:
         return
     if model.dtype in triton_ops.TRITON_DTYPES:

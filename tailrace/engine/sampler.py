@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tailrace.engine.transfer import to_device, to_host
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.cpu.kernels import kernels
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
 

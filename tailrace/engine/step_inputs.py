@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tailrace.engine.scheduler import ScheduledSeq
-from tailrace.model.attention import AttentionBatch, SeqSlice
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 
 PADDING_KEY = -1  # the SeqSlice key of padding sequences; no engine sequence has a negative id
 

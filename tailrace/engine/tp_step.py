@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tailrace.engine.step_inputs import StepInputs
-from tailrace.model.attention import AttentionBatch, SeqSlice
+from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 
 _COUNTS = 4
 _PER_SEQ = 5

@@ -39,8 +39,8 @@ from tailrace.engine.step_inputs import StepInputs
 from tailrace.engine.tp_step import FollowStep, decode_step, encode_step
 from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
-from tailrace.model.config import load_model_config
-from tailrace.model.tp_shard import Shard, check_shardable
+from tailrace.model.loading.loader import load_model_config
+from tailrace.model.loading.tp_shard import Shard, check_shardable
 
 if TYPE_CHECKING:
     from tailrace.engine.model_runner import ModelRunner

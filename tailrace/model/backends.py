@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tailrace.model import bf16_linear, cpu_kernels, cpu_ops, int_linear
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
-from tailrace.model.cpu_linear import packable
-from tailrace.model.cpu_ops import is_kernel_norm, runs_kernel
-from tailrace.model.int_linear import IntEmbedding, IntLinear
-from tailrace.model.attention import KVCache
-from tailrace.model.layer_plan import norms_of
-from tailrace.model.llama import DecoderLayer, Embedding, LlamaForCausalLM, MoE
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import KVCache
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu import bf16_linear, int_linear, kernels as cpu_kernels, ops as cpu_ops
+from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
+from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
+from tailrace.model.cpu.linear import packable
+from tailrace.model.cpu.ops import is_kernel_norm, runs_kernel
+from tailrace.model.decoder.layer_plan import norms_of
+from tailrace.model.decoder.llama import DecoderLayer, Embedding, LlamaForCausalLM, MoE
 
 log = logging.getLogger("tailrace.backends")
 

@@ -2,10 +2,10 @@
 
 A quantized weight is an `IntWeight`: integer codes with w = codes * scales + zeros, one scale
 per output row (int8) or per row and group of 32 inputs (int4, and GGUF's blocks, which
-model/gguf_quant.py reads into the same form without going through float). `linear_for` turns one
+model/loading/gguf_quant.py reads into the same form without going through float). `linear_for` turns one
 into the module that multiplies by it:
 
-- on CPUs with AVX512-VNNI or AVX2, tailrace's kernel (model/int_linear.py), which takes every form as it
+- on CPUs with AVX512-VNNI or AVX2, tailrace's kernel (model/cpu/int_linear.py), which takes every form as it
   is, scales in float16;
 - elsewhere PyTorch's own kernels, `aten._weight_int8pack_mm` (per-row scales) and
   `aten._weight_int4pack_mm_for_cpu` (groups), with bfloat16 activations and scales. Measured on
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tailrace.model import int_linear
-from tailrace.model.llama import LlamaForCausalLM, Module, replace_projections
-from tailrace.model.mxfp4 import FP4_VALUES
+from tailrace.model.cpu import int_linear
+from tailrace.model.decoder.llama import LlamaForCausalLM, Module, replace_projections
+from tailrace.model.loading.mxfp4 import FP4_VALUES
 
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZE = 32  # GGUF's block size, so its blocks map one to one

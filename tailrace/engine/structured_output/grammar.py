@@ -28,7 +28,7 @@ from tailrace.engine.structured_output.closing_schema import Node, compile_schem
 from tailrace.engine.structured_output.regex_closing import Unsupported
 from tailrace.engine.thinking import Phase, ThinkGate
 from tailrace.engine.transfer import to_device
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.cpu.kernels import kernels
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 from tailrace.tokenizer import tokenizer_json
 

@@ -22,16 +22,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tailrace.model.attention import AttentionBatch, KVCache
-from tailrace.model.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.cpu_linear import pack_linears, pack_routers
-from tailrace.model.huge_pages import Arena, release_freed
-from tailrace.model.int_linear import IntEmbedding, IntLinear
-from tailrace.model.config import ModelConfig
-from tailrace.model.layer_plan import LayerPlan, forward_plan
-from tailrace.model.llama import ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm, replace_elementwise
-from tailrace.model.paged_attention import PagedKVCache
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache
+from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
+from tailrace.model.cpu.huge_pages import Arena, release_freed
+from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
+from tailrace.model.cpu.kernels import kernels
+from tailrace.model.cpu.linear import pack_linears, pack_routers
+from tailrace.model.decoder.config import ModelConfig
+from tailrace.model.decoder.layer_plan import LayerPlan, forward_plan
+from tailrace.model.decoder.llama import (ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm,
+    replace_elementwise)
 
 if TYPE_CHECKING:
     from tailrace.model.backends import Backends

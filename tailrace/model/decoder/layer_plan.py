@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailrace.model.config import ModelConfig
+from tailrace.model.decoder.config import ModelConfig
 
 # read: x = norm(h), or h itself without a norm; attention: y = the attention of x (q/k/v, q/k
 # norms, rotary, the K/V stored, o_proj); feed_forward: y = the MLP or the mixture of experts of

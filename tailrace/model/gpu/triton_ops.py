@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tailrace.model.llama import LlamaForCausalLM, Module, RMSNorm, gelu_tanh_and_mul, replace_elementwise
+from tailrace.model.decoder.llama import LlamaForCausalLM, Module, RMSNorm, gelu_tanh_and_mul, replace_elementwise
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16)
 _SILU_BLOCK = 1024  # output columns per program

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tailrace.model import registry
-from tailrace.model.config import ModelConfig
-from tailrace.model.llama import Linear, LlamaForCausalLM, Module
+from tailrace.model.decoder import registry
+from tailrace.model.decoder.config import ModelConfig
+from tailrace.model.decoder.llama import Linear, LlamaForCausalLM, Module
 
 
 @dataclass(frozen=True, slots=True)

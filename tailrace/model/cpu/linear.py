@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from tailrace.model import bf16_linear
-from tailrace.model.llama import Embedding, Linear, LlamaForCausalLM, Module, MoE, replace_projections
+from tailrace.model.cpu import bf16_linear
+from tailrace.model.decoder.llama import Embedding, Linear, LlamaForCausalLM, Module, MoE, replace_projections
 
 # The row count oneDNN picks its blocking for: decode batches of a loaded server, measured best
 # over 1, 8 and 32 rows against a hint of 1.

@@ -18,14 +18,15 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages, plain_attention
-from tailrace.model.cpu_kernels import kernels
+from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages,
+    plain_attention)
+from tailrace.model.cpu.kernels import kernels
 
 
 def _triton_attention() -> ModuleType:
     """The Triton kernel's module, imported only where it may run: importing triton alone added
     52 MB to a CPU engine's RSS (VmRSS of a fresh process before and after the import)."""
-    from tailrace.model import triton_attention
+    from tailrace.model.attention import triton_paged as triton_attention
 
     return triton_attention
 

@@ -1,5 +1,5 @@
 """MXFP4 (the OCP microscaling format gpt-oss's experts ship in) dequantized, or as the E2M1 codes
-and scales tailrace's integer kernel takes as they are (model/int_linear.py).
+and scales tailrace's integer kernel takes as they are (model/cpu/int_linear.py).
 
 A block is 32 values of 4 bits (FP4 E2M1: sign, 2 exponent bits, 1 mantissa bit) sharing one scale
 of 8 bits, a power of two (E8M0: 2^(s - 127)). Hugging Face checkpoints keep a tensor as

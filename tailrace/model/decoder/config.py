@@ -1,18 +1,15 @@
-"""The model's shape and conventions, read from a Hugging Face `config.json` (or a GGUF file's metadata)."""
+"""The model's shape and conventions, parsed from a Hugging Face `config.json` dict (or a GGUF file's
+metadata as loading/gguf.py turns it into one); loading/loader.load_model_config reads the files."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailrace.model import registry
-from tailrace.model.gguf import config_dict, open_gguf
-from tailrace.model.hub import is_gguf
+from tailrace.model.decoder import registry
 
-# Every architecture is one entry of model/registry.py, read here as the features of one decoder
+# Every architecture is one entry of model/decoder/registry.py, read here as the features of one decoder
 # (llama.py runs them in Python, csrc/decoder.cpp in one call).
 SUPPORTED_ARCHITECTURES = registry.SUPPORTED_NAMES
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
@@ -86,22 +83,6 @@ class ModelConfig:
         self.rotary_dim = self.rotary_dim or self.head_dim
 
 
-def load_model_config(path: str) -> ModelConfig:
-    """Read `path/config.json`; stop tokens from `generation_config.json` are added when present.
-    A .gguf `path` is read from its metadata instead."""
-    if is_gguf(path):
-        return parse_model_config(config_dict(open_gguf(path)))
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        raw = json.load(f)
-    config = parse_model_config(raw)
-    generation_path = os.path.join(path, "generation_config.json")
-    if os.path.exists(generation_path):
-        with open(generation_path, encoding="utf-8") as f:
-            extra = _as_id_list(json.load(f).get("eos_token_id"))
-        config.eos_token_ids += [t for t in extra if t not in config.eos_token_ids]
-    return config
-
-
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
@@ -137,7 +118,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=_as_id_list(raw.get("eos_token_id")),
+        eos_token_ids=as_id_list(raw.get("eos_token_id")),
         layer_windows=[window if kind == "sliding_attention" else None for kind in layer_types],
         layer_rope=_layer_rope(raw, entry, layer_types, local_theta),
         local_rope_theta=local_theta,
@@ -325,7 +306,7 @@ def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: 
     return ["global"] * len(layer_types)
 
 
-def _as_id_list(value: int | list[int] | None) -> list[int]:
+def as_id_list(value: int | list[int] | None) -> list[int]:
     if value is None:
         return []
     return [value] if isinstance(value, int) else list(value)

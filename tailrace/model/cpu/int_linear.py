@@ -3,7 +3,7 @@ or AVX2.
 
 A weight arrives as integer codes with scales (and zero points) per output row or per block of 32
 inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / MXFP4 blocks as
-they are (model/quant.py and model/gguf_quant.py make them). The codes are packed once here, in
+they are (model/quant.py and model/loading/gguf_quant.py make them). The codes are packed once here, in
 the kernel's order, and are all the model holds of the weight: 1 byte a weight for int8, half a
 byte for int4, plus a float16 scale (and zero) per 32.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from tailrace.model.bf16_linear import padded, pair_layout
-from tailrace.model.cpu_kernels import kernels, target
-from tailrace.model.llama import Module
+from tailrace.model.cpu.bf16_linear import padded, pair_layout
+from tailrace.model.cpu.kernels import kernels, target
+from tailrace.model.decoder.llama import Module
 
 _LANES = 16
 _TILE_VECTORS = 4  # the kernel's outputs per tile are 4 vectors: whole tiles only

@@ -11,7 +11,7 @@ as they are; only the per-group scale and zero are computed, from the block's fp
 - MXFP4: w = E2M1(q) * 2^(e - 127)       -> codes q as E2M1 codes (IntWeight.e2m1), scale 2^(e - 128)
   (the codes' values doubled are whole numbers); tailrace's kernel only, PyTorch's have no table
 
-tailrace's kernel (model/int_linear.py) keeps scales and zeros in float16, so Q8_0, Q4_0 and Q4_1
+tailrace's kernel (model/cpu/int_linear.py) keeps scales and zeros in float16, so Q8_0, Q4_0 and Q4_1
 reach it exactly and Q4_K's products round to float16 (11 significant bits, far inside the 4-bit
 codes' error); PyTorch's kernels, where tailrace's cannot run, keep them in bfloat16 (3 bits fewer).
 """
@@ -27,10 +27,14 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, ReaderTensor
 
-from tailrace.model import gguf, int_linear, registry
-from tailrace.model.huge_pages import release_freed
-from tailrace.model.llama import LlamaForCausalLM, MoE, qkv_row_order
-from tailrace.model.mxfp4 import e2m1_scales
+from tailrace.model.cpu import int_linear
+
+from tailrace.model.decoder import registry
+
+from tailrace.model.cpu.huge_pages import release_freed
+from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order
+from tailrace.model.loading import gguf
+from tailrace.model.loading.mxfp4 import e2m1_scales
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
 MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.MXFP4)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from tailrace.model.cpu_kernels import kernels
-from tailrace.model.llama import Module
+from tailrace.model.cpu.kernels import kernels
+from tailrace.model.decoder.llama import Module
 
 _LANES = 16
 

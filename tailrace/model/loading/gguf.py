@@ -20,8 +20,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
-from tailrace.model import registry
-from tailrace.model.huge_pages import release_freed
+from tailrace.model.cpu.huge_pages import release_freed
+from tailrace.model.decoder import registry
+from tailrace.model.decoder.llama import rope_inverse_frequencies
 
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
@@ -268,7 +269,6 @@ _LLAMA3_CANDIDATES = [(low, high, context) for context in (8192, 4096, 16384, 32
 def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> dict:
     """llama.cpp stores Llama 3.1's frequency scaling as the divisor of each frequency
     (`rope_freqs`), not as its parameters: find the parameters that give exactly those divisors."""
-    from tailrace.model.llama import rope_inverse_frequencies  # here: llama imports config, which imports this
 
     def frequencies(scaling: dict | None) -> torch.Tensor:
         rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rotary_dim=2 * rope_freqs.numel(), rope_scaling=scaling,

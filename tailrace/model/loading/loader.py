@@ -10,15 +10,19 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from tailrace.model import bf16_linear, gguf, int_linear, registry
-from tailrace.model.config import ModelConfig, limit_context, load_model_config
-from tailrace.model.gguf_quant import block_projections, is_table_head, use_gguf_blocks
-from tailrace.model.huge_pages import release_freed
-from tailrace.model.hub import is_gguf
-from tailrace.model.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
-from tailrace.model.mxfp4 import dequantize_mxfp4, e2m1_codes
+from tailrace.model.cpu import bf16_linear, int_linear
+
+from tailrace.model.decoder import registry
+
+from tailrace.model.cpu.huge_pages import release_freed
+from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
+from tailrace.model.decoder.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
+from tailrace.model.loading import gguf
+from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
+from tailrace.model.loading.hub import is_gguf
+from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes
+from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
-from tailrace.model.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "dummy")
@@ -33,6 +37,22 @@ _FUSED_PARTS = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+
+def load_model_config(path: str) -> ModelConfig:
+    """Read `path/config.json`; stop tokens from `generation_config.json` are added when present.
+    A .gguf `path` is read from its metadata instead."""
+    if is_gguf(path):
+        return parse_model_config(gguf.config_dict(gguf.open_gguf(path)))
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    config = parse_model_config(raw)
+    generation_path = os.path.join(path, "generation_config.json")
+    if os.path.exists(generation_path):
+        with open(generation_path, encoding="utf-8") as f:
+            extra = as_id_list(json.load(f).get("eos_token_id"))
+        config.eos_token_ids += [t for t in extra if t not in config.eos_token_ids]
+    return config
 
 
 def load_model(

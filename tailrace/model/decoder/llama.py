@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tailrace.model.attention import AttentionBatch, KVCache, LayerAttention
-from tailrace.model.config import ModelConfig
-from tailrace.model.layer_plan import layer_steps, norms_of
+from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention
+from tailrace.model.decoder.config import ModelConfig
+from tailrace.model.decoder.layer_plan import layer_steps, norms_of
 
 
 def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -216,7 +216,7 @@ class Attention(Module):
         self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap,
                                   config.attention_sinks)
         self.sinks = _empty(self.num_heads, dtype=dtype) if config.attention_sinks else None
-        self.rotate = apply_rotary  # model/cpu_ops.py puts a one-call kernel here on CPU
+        self.rotate = apply_rotary  # model/cpu/ops.py puts a one-call kernel here on CPU
 
     def forward(
         self,
@@ -270,7 +270,7 @@ class MLP(Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, dtype)
         self.act = config.hidden_act
-        self.act_and_mul = ACT_AND_MUL[self.act]  # model/cpu_ops.py puts a one-call kernel here on CPU
+        self.act_and_mul = ACT_AND_MUL[self.act]  # model/cpu/ops.py puts a one-call kernel here on CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
@@ -304,7 +304,7 @@ class MoE(Module):
         width, inner, bias = config.hidden_size, config.moe_intermediate_size, config.moe_bias
         self.gate = Router(width, config.num_experts, bias, dtype)
         self.experts = nn.ModuleList(Expert(width, inner, bias, dtype) for _ in range(config.num_experts))
-        # choose_experts' switches: model/cpu_ops.py puts the kernel that takes the same ones in
+        # choose_experts' switches: model/cpu/ops.py puts the kernel that takes the same ones in
         # `choose` on CPU, as it puts one-call kernels in `act_and_mul`
         self.routing = {"top_k": config.experts_per_token, "topk_first": config.router_topk_first,
                         "normalize": config.norm_topk_prob, "float32_weights": config.router_float32}
@@ -401,7 +401,7 @@ class LlamaModel(nn.Module):
         # The embedding rows' multiplier (Gemma's sqrt(hidden)), rounded to the dtype as the reference does.
         self.embed_scale = None if config.embedding_multiplier == 1.0 else torch.tensor(config.embedding_multiplier,
                                                                                         dtype=dtype)
-        # model/cpu_ops.py puts the whole forward in one kernel call here on CPU (FusedForward), for
+        # model/cpu/ops.py puts the whole forward in one kernel call here on CPU (FusedForward), for
         # the steps whose cache it `takes`
         self.fused_forward = None
 
@@ -474,7 +474,7 @@ def replace_elementwise(model: LlamaForCausalLM, norm: Callable[[RMSNorm], Modul
                         act_and_mul: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> LlamaForCausalLM:
     """Every RMSNorm replaced in place by norm(it), and every attention's rotary embedding and every
     MLP's activation-and-multiply (by its activation's name) by these functions: how a device's own
-    kernels for them enter the model (model/cpu_ops.py, model/triton_ops.py)."""
+    kernels for them enter the model (model/cpu/ops.py, model/gpu/triton_ops.py)."""
     replace_modules(model, RMSNorm, norm)
     for module in model.modules():
         if isinstance(module, Attention):

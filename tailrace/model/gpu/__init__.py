@@ -1,0 +1,1 @@
+"""CUDA-only ops: RMSNorm, rotary and gate-and-multiply as Triton kernels."""
