@@ -9,6 +9,7 @@ from unittest import mock
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from architectures import tiny
 from gguf_writer import write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,7 +47,7 @@ FEATURES = {
     "smollm3": {"no_rope_layers": [1, 0, 1]},
     "gemma2": {"sliding_window": 12, "query_pre_attn_scalar": 48, "attn_logit_softcapping": 2.0,
                "hidden_activation": "gelu_pytorch_tanh"},
-    "gemma3_text": {"sliding_window": 17, "query_pre_attn_scalar": 64, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+    "gemma3": {"sliding_window": 17, "query_pre_attn_scalar": 64, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
                     "hidden_activation": "gelu_pytorch_tanh"},
     "mistral": {"sliding_window": 9},
@@ -67,7 +68,7 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
     with random weights, its norms and biases away from 1 and 0, quantized and prepared as the
     engine does. Tied and unquantized, its lookups read the packed head (PackedEmbedding)."""
     config = parse_model_config({
-        "model_type": model_type, "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
+        **tiny(model_type), "vocab_size": 300, "hidden_size": 256, "intermediate_size": 320,
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
         "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
         **FEATURES.get(model_type, {}),
@@ -121,9 +122,9 @@ def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int,
     pytest.param("llama", "int4", True, torch.bfloat16, marks=needs_int_kernel),
     ("smollm3", None, False, torch.bfloat16), ("smollm3", None, True, torch.float32),
     ("gemma2", None, True, torch.bfloat16), ("gemma2", None, True, torch.float32),
-    ("gemma3_text", None, True, torch.bfloat16), ("gemma3_text", None, False, torch.float32),
+    ("gemma3", None, True, torch.bfloat16), ("gemma3", None, False, torch.float32),
     ("mistral", None, False, torch.float32), ("phi3", None, False, torch.bfloat16),
-    pytest.param("gemma3_text", "int4", True, torch.bfloat16, marks=needs_int_kernel),
+    pytest.param("gemma3", "int4", True, torch.bfloat16, marks=needs_int_kernel),
     ("granite", None, False, torch.bfloat16), ("granite", None, True, torch.float32),
     ("olmo2", None, False, torch.bfloat16), ("olmo2", None, False, torch.float32),
     ("qwen3_moe", None, False, torch.bfloat16), ("qwen3_moe", None, True, torch.float32),
@@ -156,7 +157,7 @@ def assert_one_call_gives_the_per_module_bits(model: LlamaForCausalLM) -> None:
 def test_lookups_in_a_tied_int8_heads_codes_give_the_per_module_bits(grouped):
     """The table held only as its head's codes (int_linear.IntEmbedding: a GGUF's Q8_0 has a scale
     per 32 inputs, --quantization int8 one per row), Gemma's multiplier applied after the lookup."""
-    model = random_model("gemma3_text", quantization="int8", tied=True)
+    model = random_model("gemma3", quantization="int8", tied=True)
     if grouped:
         table = model.model.embed_tokens.weight.float().view(model.config.vocab_size, -1, int_linear.BLOCK)
         scales = table.abs().amax(-1, keepdim=True).div(127).to(torch.float16).float()

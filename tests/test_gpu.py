@@ -141,7 +141,7 @@ def test_the_core_loop_on_cuda_streams_what_offline_generates(embedded_model):
 
 def write_llama_31_8b_config(directory) -> str:
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False, "attention_bias": False,

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from architectures import tiny
 from tailrace.model.decoder.config import ModelConfig, parse_model_config
 from tailrace.model.decoder.layer_plan import OUTSIDE_PLAN, Step, forward_plan, layer_steps, norms_of
 from tailrace.model.decoder.llama import DecoderLayer, Module
@@ -26,37 +27,37 @@ GRANITE = (Step("read", "input_layernorm"), Step("attention"), Step("scale", fac
 
 CASES = {
     "llama": ({}, LLAMA),
-    "gemma3_text": ({"query_pre_attn_scalar": 32}, GEMMA),
+    "gemma3": ({"query_pre_attn_scalar": 32}, GEMMA),
     "olmo2": ({}, OLMO2),
     "granite": ({"residual_multiplier": 0.25}, GRANITE),
 }
 
 
-def config(model_type: str):
-    return parse_model_config({"model_type": model_type, **BASE, **CASES[model_type][0]})
+def config(name: str):
+    return parse_model_config(tiny(name, **BASE, **CASES[name][0]))
 
 
-@pytest.mark.parametrize("model_type", CASES)
-def test_each_architecture_puts_its_norms_and_multiplier_in_its_steps(model_type):
-    assert layer_steps(config(model_type)) == CASES[model_type][1]
+@pytest.mark.parametrize("name", CASES)
+def test_each_architecture_puts_its_norms_and_multiplier_in_its_steps(name):
+    assert layer_steps(config(name)) == CASES[name][1]
 
 
-@pytest.mark.parametrize("model_type, norms", [
+@pytest.mark.parametrize("name, norms", [
     ("llama", ["input_layernorm", "post_attention_layernorm"]),
-    ("gemma3_text", ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    ("gemma3", ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"]),
     ("olmo2", ["post_attention_layernorm", "post_feedforward_layernorm"]),
 ])
-def test_a_layer_has_the_norms_its_steps_apply_under_the_checkpoints_names(model_type, norms):
-    assert norms_of(layer_steps(config(model_type))) == norms
-    layer = DecoderLayer(config(model_type), 0, torch.float32)
+def test_a_layer_has_the_norms_its_steps_apply_under_the_checkpoints_names(name, norms):
+    assert norms_of(layer_steps(config(name))) == norms
+    layer = DecoderLayer(config(name), 0, torch.float32)
     assert sorted(name.removesuffix(".weight") for name, _ in layer.named_parameters() if "layernorm" in name) \
         == sorted(norms)
 
 
 def test_the_per_module_layer_runs_the_steps_in_their_order():
     """Gemma's sandwich by hand: each block's output normed before it joins the residual."""
-    layer = DecoderLayer(config("gemma3_text"), 0, torch.float32)
+    layer = DecoderLayer(config("gemma3"), 0, torch.float32)
     with torch.no_grad():
         for param in layer.parameters():
             param.copy_(torch.linspace(-0.5, 0.7, param.numel()).reshape(param.shape))
@@ -94,7 +95,7 @@ class Recording:
 
 
 def test_every_model_config_field_is_in_the_forward_plan_or_says_how_it_reaches_the_forward():
-    config = parse_model_config({**BASE, "model_type": "llama"})
+    config = parse_model_config(tiny("llama", **BASE))
     recording = Recording(config)
     forward_plan(recording)
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -109,7 +110,7 @@ def test_the_kernels_forward_spec_has_every_number_of_the_plan():
 
     if kernels() is None:
         pytest.skip("tailrace's CPU kernels do not run here")
-    plan = forward_plan(parse_model_config({**BASE, "model_type": "llama"}))
+    plan = forward_plan(parse_model_config(tiny("llama", **BASE)))
     spec = kernels().ForwardSpec()
     for name, value in plan.numbers().items():
         setattr(spec, name, value)

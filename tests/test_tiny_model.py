@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from architectures import ARCHITECTURES
 from conftest import EMBEDDED
 
 REQUIRED_FILES = [
@@ -48,7 +49,7 @@ def test_directory_fits_the_size_limit() -> None:
 def test_config_is_a_plain_llama_with_long_enough_context() -> None:
     config = _json("config.json")
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert config["model_type"] == "llama"
+    assert config["model_type"] == ARCHITECTURES["llama"]["model_type"]
     assert config["max_position_embeddings"] >= 2048
     assert config["tie_word_embeddings"] is True
 
