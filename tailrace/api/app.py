@@ -109,7 +109,6 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
     router = APIRouter()
     served = config.served_model_name
     names = (served, *config.other_model_names)
-    created = int(time.time())
     admission = Admission(config.limits)
 
     def context(request: Request) -> RequestContext:
@@ -127,6 +126,21 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         _check_model(names, body.model)
         _check_ready(request, engine)
         return await _respond(request, create_chat_completion(engine, body, context(request)))
+
+    for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
+        documented = prefix == "/v1"
+        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"], include_in_schema=documented,
+                             openapi_extra=json_body(CompletionRequest))
+        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"],
+                             include_in_schema=documented, openapi_extra=json_body(ChatCompletionRequest))
+    _add_model_routes(router, engine, names)
+    add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
+    return router
+
+
+def _add_model_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...]) -> None:
+    """/v1/models (what is served, its context and what runs it), /tokenize and /detokenize."""
+    created = int(time.time())
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "tailrace",
@@ -157,17 +171,11 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
 
     for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
         documented = prefix == "/v1"
-        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"], include_in_schema=documented,
-                             openapi_extra=json_body(CompletionRequest))
-        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"],
-                             include_in_schema=documented, openapi_extra=json_body(ChatCompletionRequest))
         router.add_api_route(f"{prefix}/models", list_models, methods=["GET"], include_in_schema=documented)
         router.add_api_route(f"{prefix}/models/{{model:path}}", get_model, methods=["GET"],
                              include_in_schema=documented)
     router.add_api_route("/tokenize", tokenize, methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     router.add_api_route("/detokenize", detokenize, methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
-    add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
-    return router
 
 
 def _openapi_route(app: FastAPI, config: ServerConfig) -> APIRouter:

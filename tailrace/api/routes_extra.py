@@ -35,10 +35,15 @@ def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, 
                      context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float],
                      store_limits: StoreLimits | None = None) -> None:
     """POST /v1/messages and /v1/messages/count_tokens; POST /v1/responses, GET and DELETE
-    /v1/responses/{id}, POST /v1/responses/{id}/cancel (each also without /v1)."""
-    from tailrace.api import app as http  # the caller: loaded by the time it calls this
+    /v1/responses/{id}, POST /v1/responses/{id}/cancel (each also without /v1). Left out of
+    /openapi.json, whose body schemas are the chat and completions ones."""
+    _add_messages_routes(router, engine, names, context, sampling_defaults)
+    _add_responses_routes(router, engine, names, context, sampling_defaults, ResponseStore(store_limits))
 
-    store = ResponseStore(store_limits)
+
+def _add_messages_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...],
+                         context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float]) -> None:
+    from tailrace.api import app as http  # the caller: loaded by the time it calls this
 
     async def messages(request: Request) -> Response:
         body = await http._parse(request, MessagesRequest)
@@ -52,6 +57,17 @@ def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, 
         http._check_model(names, body.model)
         http._check_ready(request, engine)
         return http._json(count_tokens(engine, body, context(request)))
+
+    for prefix in ("/v1", ""):
+        router.add_api_route(f"{prefix}/messages", messages, methods=["POST"], include_in_schema=False)
+        router.add_api_route(f"{prefix}/messages/count_tokens", messages_count_tokens, methods=["POST"],
+                             include_in_schema=False)
+
+
+def _add_responses_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...],
+                          context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float],
+                          store: ResponseStore) -> None:
+    from tailrace.api import app as http  # the caller: loaded by the time it calls this
 
     async def responses(request: Request) -> Response:
         body = await http._parse(request, ResponsesRequest)
@@ -70,11 +86,7 @@ def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, 
     async def cancel_response(response_id: str) -> Response:
         return http._json(store.cancel(response_id))
 
-    # Left out of /openapi.json, whose body schemas are the chat and completions ones.
     for prefix in ("/v1", ""):
-        router.add_api_route(f"{prefix}/messages", messages, methods=["POST"], include_in_schema=False)
-        router.add_api_route(f"{prefix}/messages/count_tokens", messages_count_tokens, methods=["POST"],
-                             include_in_schema=False)
         router.add_api_route(f"{prefix}/responses", responses, methods=["POST"], include_in_schema=False)
         router.add_api_route(f"{prefix}/responses/{{response_id}}", get_response, methods=["GET"],
                              include_in_schema=False)

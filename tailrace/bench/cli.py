@@ -91,7 +91,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--processes", type=positive_int, default=1,
                        help="client processes sharing each level's requests and concurrency, where one process "
                             "cannot read the streams as fast as the server sends them (default: 1)")
-    compare = kinds.add_parser("compare", help="tailrace against peer servers started here, one after another")
+    _add_compare_parser(kinds.add_parser("compare",
+                                         help="tailrace against peer servers started here, one after another"))
+
+
+def _add_compare_parser(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("model", nargs="?", default=None,
                          help="a Hugging Face model directory (default: the embedded tiny model)")
     compare.add_argument("--shape", choices=SHAPE_NAMES, default=None,

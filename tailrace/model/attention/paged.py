@@ -139,25 +139,28 @@ class PagedKVCache:
         self._native_attention = None if native is None else native.paged_attention
         self.scale = head_dim**-0.5
         self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
-        # One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
-        # the device side keeps its address for CUDA graphs. On CPU both sides are one tensor.
-        # The tables are stored block-major (entry j of every sequence, then entry j + 1), so a
-        # step sends the first (its longest table) x max_seqs entries, not max_model_len's worth.
-        size = 2 * max_seqs + 1 + max_seqs * self.max_blocks_per_seq
+        self._allocate_metadata()
+        self._batch: AttentionBatch | None = None
+        self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
+
+    def _allocate_metadata(self) -> None:
+        """One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
+        the device side keeps its address for CUDA graphs. On CPU both sides are one tensor. The
+        tables are stored block-major (entry j of every sequence, then entry j + 1), so a step
+        sends the first (its longest table) x max_seqs entries, not max_model_len's worth."""
+        size = 2 * self.max_seqs + 1 + self.max_seqs * self.max_blocks_per_seq
         on_cuda = self.device.type == "cuda"
         self._meta_device = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._meta_host = torch.zeros(size, dtype=torch.int32, pin_memory=True) if on_cuda else self._meta_device
         self._host_views = [t.numpy() for t in self._split(self._meta_host)]  # written per step without tensors
         # Per row of the host tables: the (sequence, table version, blocks) written there, so an
         # unchanged row is not written again (most rows of most steps: a table grows a block every
-        # block_size tokens). 256 decode rows at context ~320, in a steady loop: 272 -> 91 us.
-        self._written: list[tuple[int, int | None, int] | None] = [None] * max_seqs
+        # block_size tokens).
+        self._written: list[tuple[int, int | None, int] | None] = [None] * self.max_seqs
         # The device side's views, made once: three fewer ops in every step, each run cold after the
         # last step's weights went through the caches.
         self._device_views = self._split(self._meta_device)
         self._copied = torch.cuda.Event() if on_cuda else None
-        self._batch: AttentionBatch | None = None
-        self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
 
     @torch.inference_mode()
     def begin(self, batch: AttentionBatch) -> None:
