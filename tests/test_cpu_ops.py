@@ -16,7 +16,7 @@ from tailrace.model import backends
 from tailrace.model.cpu import ops as cpu_ops
 from tailrace.model.cpu.kernels import kernels
 from tailrace.model.decoder.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
-                                  swiglu_oai_and_mul)
+                                          swiglu_oai_and_mul)
 from tailrace.model.loading.loader import load_model
 
 from conftest import EMBEDDED

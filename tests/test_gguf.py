@@ -3,6 +3,7 @@ weights (dequantized within each format's error), greedy tokens; bad files get o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import gguf
@@ -14,10 +15,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf, write_out
 
 from tailrace import LLM, SamplingParams
-from tailrace.model.loading.loader import load_model_config
+from tailrace.model.decoder.llama import rope_inverse_frequencies
 from tailrace.model.loading.gguf import (dequantize, forget_readers, open_gguf, stores_projections_quantized,
-                                 unpermute_rotary)
-from tailrace.model.loading.loader import load_model
+                                         unpermute_rotary)
+from tailrace.model.loading.loader import load_model, load_model_config
 
 PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]
 # Per-block error bound, as a fraction of the block's largest |weight|: half a step of the grid
@@ -189,6 +190,18 @@ def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path):
     assert load_model_config(str(path)).rope_scaling == {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}
+
+
+def test_rope_freqs_of_no_llama3_scaling_divide_the_frequencies_as_they_are(tmp_path):
+    """llama.cpp serves any rope_freqs: each frequency divided by its factor; so does tailrace."""
+    factors = np.linspace(1.0, 3.0, 16, dtype=np.float32)  # head_dim 32: 16 frequencies
+    path = write_gguf(tmp_path / "tiny.gguf", extra_tensors={"rope_freqs.weight": factors})
+    config = load_model_config(str(path))
+    assert config.rope_scaling == {"rope_type": "freq_factors", "factors": [float(f) for f in factors]}
+    plain = rope_inverse_frequencies(dataclasses.replace(config, rope_scaling=None))
+    torch.testing.assert_close(rope_inverse_frequencies(config), plain / torch.from_numpy(factors), rtol=0, atol=0)
+    model, _ = load_model(str(path))  # and it loads and runs
+    assert model.model.rotary.cos.isfinite().all()
 
 
 def _llama3_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float,

@@ -14,7 +14,7 @@ from tailrace.model.cpu import int_linear
 from tailrace.model.decoder.llama import Linear
 from tailrace.model.loading import gguf as tailrace_gguf
 from tailrace.model.loading.gguf_quant import (decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows,
-    use_gguf_blocks)
+                                               use_gguf_blocks)
 from tailrace.model.loading.loader import load_model
 
 OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel

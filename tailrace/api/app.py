@@ -39,7 +39,7 @@ from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_valid
                                      invalid_api_key, invalid_json, invalid_request, missing_api_key,
                                      model_not_found, payload_too_large)
 from tailrace.serving.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                                      unknown_fields)
+                                       unknown_fields)
 from tailrace.serving.sampling_defaults import with_sampling_defaults
 
 logger = logging.getLogger(__name__)

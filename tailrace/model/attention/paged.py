@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages,
-    plain_attention)
+                                               plain_attention)
 from tailrace.model.cpu.kernels import kernels
 
 

@@ -32,7 +32,7 @@ from tailrace.model.cpu.linear import pack_linears, pack_routers
 from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import LayerPlan, forward_plan
 from tailrace.model.decoder.llama import (ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm,
-    replace_elementwise)
+                                          replace_elementwise)
 
 if TYPE_CHECKING:
     from tailrace.model.backends import Backends

@@ -15,6 +15,9 @@ SUPPORTED_ARCHITECTURES = registry.SUPPORTED_NAMES
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
+# Not a config.json's: each frequency divided by its stored factor, for a GGUF's rope_freqs that
+# no Llama 3 scaling gives (loading/gguf.py).
+_GGUF_ROPE_TYPES = {"freq_factors"}
 
 
 @dataclass(slots=True)
@@ -223,7 +226,7 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
         rope_type = "longrope"
     if rope_type == "default":
         return float(theta), None, local, fraction
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in SUPPORTED_ROPE_TYPES | _GGUF_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))}"
         )

@@ -89,6 +89,8 @@ def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "freq_factors":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     if scaling["rope_type"] == "yarn":
         return _yarn_frequencies(powers, scaling, dim, theta)
     return _llama3_frequencies(inv_freq, scaling)

@@ -268,7 +268,9 @@ _LLAMA3_CANDIDATES = [(low, high, context) for context in (8192, 4096, 16384, 32
 
 def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> dict:
     """llama.cpp stores Llama 3.1's frequency scaling as the divisor of each frequency
-    (`rope_freqs`), not as its parameters: find the parameters that give exactly those divisors."""
+    (`rope_freqs`), not as its parameters: find the parameters that give exactly those divisors,
+    so the model is the one transformers runs. Divisors that match no published Llama 3 scaling
+    are used as they are, as llama.cpp uses them (rope type "freq_factors")."""
 
     def frequencies(scaling: dict | None) -> torch.Tensor:
         rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rotary_dim=2 * rope_freqs.numel(), rope_scaling=scaling,
@@ -281,7 +283,7 @@ def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> 
                    "high_freq_factor": high, "original_max_position_embeddings": context}
         if torch.allclose(frequencies(scaling), wanted, rtol=1e-4):
             return scaling
-    raise ValueError("unsupported rope_freqs tensor: it matches no Llama 3 frequency scaling")
+    return {"rope_type": "freq_factors", "factors": [float(f) for f in rope_freqs]}
 
 
 def dequantize(tensor: ReaderTensor) -> torch.Tensor:
