@@ -103,7 +103,8 @@ def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | N
     the rest. `huge_pages` off leaves the weights where packing put them (bench/decode_step.py's
     baseline)."""
     backends = select(model, device, quantization, huge_pages)
-    cpu_ops.apply(model, backends)
+    cpu_ops.apply(model, pack=backends.pack_linears, routers=backends.pack_routers, huge_pages=backends.huge_pages,
+                  elementwise=backends.kernel_elementwise)
     settle_fused(backends, model)
     if backends.fused:
         model.model.fused_forward = cpu_ops.FusedForward(model)

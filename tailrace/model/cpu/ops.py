@@ -18,7 +18,6 @@ on either path; it takes a fifth or more off a batch-1 decode step of a small mo
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,9 +32,6 @@ from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import LayerPlan, forward_plan
 from tailrace.model.decoder.llama import (ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm,
                                           replace_elementwise)
-
-if TYPE_CHECKING:
-    from tailrace.model.backends import Backends
 
 
 
@@ -168,14 +164,14 @@ def gather_weights(model: LlamaForCausalLM) -> None:
         model.model.embed_tokens = IntEmbedding(model.lm_head, embed.dtype)
 
 
-def apply(model: LlamaForCausalLM, backends: Backends) -> None:
-    """What backends.select chose, in place and in order: projections packed, routers packed, all
+def apply(model: LlamaForCausalLM, *, pack: bool, routers: bool, huge_pages: bool, elementwise: bool) -> None:
+    """What model/backends.py chose, in place and in order: projections packed, routers packed, all
     gathered onto huge pages, then the elementwise and routing kernels."""
-    if backends.pack_linears:
+    if pack:
         pack_linears(model)
-    if backends.pack_routers:
+    if routers:
         pack_routers(model)
-    if backends.huge_pages:
+    if huge_pages:
         gather_weights(model)
-    if backends.kernel_elementwise:
+    if elementwise:
         use_cpu_kernels(model)
