@@ -59,7 +59,9 @@ class Backends:
                "projections": _projections(model), "embedding": type(model.model.embed_tokens).__name__,
                "elementwise": ("tailrace" if self.kernel_elementwise
                                else "triton" if self.device.startswith("cuda") and _triton_ops(model) else "pytorch"),
-               "attention": self.attention, "fused_forward": "yes" if self.fused else "no"}
+               "fused_forward": "yes" if self.fused else "no"}
+        if self.attention:  # known once the runner's KV cache exists
+            out["attention"] = self.attention
         out.update({f"{name} not taken": why for name, why in self.not_taken.items()})
         return out
 
