@@ -28,9 +28,10 @@ from datetime import datetime, timezone
 import torch
 import torch.nn.functional as F
 
-from tailrace.engine.config import EMBEDDED_MODEL, resolve_attention
+from tailrace.engine.config import EMBEDDED_MODEL
 from tailrace.engine.sampler import greedy_tokens
 from tailrace.model import backends
+from tailrace.model.backends import attention_layout
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.cpu import bf16_linear, ops as cpu_ops
@@ -82,7 +83,7 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
 def new_cache(config, num_blocks: int, block_size: int, dtype: torch.dtype, max_seqs: int, max_model_len: int,
               attention: str = "auto"):
     """The KV cache of `--attention` (auto: the one the engine would use on this CPU)."""
-    kind = PagedKVCache if resolve_attention(attention, "cpu") == "paged" else KVCache
+    kind = PagedKVCache if attention_layout(attention, "cpu") == "paged" else KVCache
     return kind(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks, block_size, dtype,
                 max_seqs=max_seqs, max_model_len=max_model_len)
 

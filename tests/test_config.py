@@ -4,7 +4,8 @@ flags that fill them."""
 import pytest
 
 from tailrace.cli import build_parser, engine_config_from
-from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
+from tailrace.engine.config import EngineConfig, resolve_device
+from tailrace.model.backends import attention_layout
 from tailrace.model.cpu import kernels as cpu_kernels
 
 
@@ -24,29 +25,29 @@ def test_cuda_without_a_gpu_is_an_error():
 
 
 def test_auto_attention_is_paged_on_cuda_and_on_cpus_that_run_tailraces_kernels(monkeypatch):
-    assert resolve_attention("auto", "cuda") == "paged"
-    assert resolve_attention("auto", "cuda:1") == "paged"
+    assert attention_layout("auto", "cuda") == "paged"
+    assert attention_layout("auto", "cuda:1") == "paged"
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: object())
-    assert resolve_attention("auto", "cpu") == "paged"
+    assert attention_layout("auto", "cpu") == "paged"
 
 
 def test_auto_attention_is_the_slab_on_cpus_without_tailraces_kernels(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
-    assert resolve_attention("auto", "cpu") == "slab"
-    assert resolve_attention("auto", "cuda") == "paged"
+    assert attention_layout("auto", "cpu") == "slab"
+    assert attention_layout("auto", "cuda") == "paged"
 
 
 def test_attention_the_slab_cannot_take_goes_to_the_pages_or_is_refused_by_name(monkeypatch):
     """Sliding windows, another scale, soft caps or sinks (attention.plain_attention)."""
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
-    assert resolve_attention("auto", "cpu", plain=False) == "paged"
+    assert attention_layout("auto", "cpu", plain=False) == "paged"
     with pytest.raises(ValueError, match="--attention slab .* use --attention paged"):
-        resolve_attention("slab", "cpu", plain=False)
+        attention_layout("slab", "cpu", plain=False)
 
 
 def test_an_explicit_attention_is_kept_on_either_device():
-    assert resolve_attention("paged", "cpu") == "paged"
-    assert resolve_attention("slab", "cuda") == "slab"
+    assert attention_layout("paged", "cpu") == "paged"
+    assert attention_layout("slab", "cuda") == "slab"
 
 
 def test_defaults_choose_the_device_and_layout_at_start_up_with_graphs_on():

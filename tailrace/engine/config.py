@@ -81,18 +81,3 @@ def resolve_device(device: str, cuda_available: bool) -> str:
     if device.startswith("cuda") and not cuda_available:
         raise ValueError(f"device {device!r} was asked for, but no CUDA GPU is visible")
     return device
-
-
-def resolve_attention(attention: str, device: str, plain: bool = True) -> str:
-    """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
-    kernel on CPUs with AVX512 or AVX2 (model/cpu/kernels.py). Elsewhere on CPU it is the slot slab,
-    which measured faster there than PyTorch ops over the pages, for a model whose attention is
-    `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
-    if attention == "auto":
-        from tailrace.model.cpu.kernels import kernels
-
-        return "paged" if device.startswith("cuda") or kernels() is not None or not plain else "slab"
-    if attention == "slab" and not plain:
-        raise ValueError("--attention slab attends every position at head_dim ** -0.5, and this model's attention "
-                         "uses sliding windows, another scale or a soft cap: use --attention paged (or auto)")
-    return attention

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tailrace import envs
-from tailrace.engine.config import EngineConfig, resolve_attention, resolve_device
+from tailrace.engine.config import EngineConfig, resolve_device
 from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
 from tailrace.engine.kv_budget import activation_bytes, fixed_kv_cache_bytes, gpu_kv_cache_bytes
 from tailrace.engine.sampler import (
@@ -83,7 +83,7 @@ class ModelRunner:
         self.backends = backends.prepare(self.model, self.device, quantization)
         plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
                     for layer in self.model.model.layers)
-        self.attention = resolve_attention(config.attention, str(self.device), plain)
+        self.attention = backends.attention_layout(config.attention, str(self.device), plain)
         if self.device.type == "cuda":
             _use_triton_ops(self.model)
         mc = self.model_config
@@ -160,7 +160,7 @@ class ModelRunner:
         return blocks
 
     def _allocate_kv_cache(self, config: EngineConfig, plain: bool) -> int | None:
-        """self.cache in the layout resolve_attention chose; the scratch block of padding rows (paged only)."""
+        """self.cache in the layout backends.attention_layout chose; the scratch block of padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
         cache_args = (mc.num_hidden_layers, self.model.config.num_key_value_heads, mc.head_dim)
         if self.attention == "paged":

@@ -99,6 +99,19 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
                     kernel_elementwise=elementwise, not_taken=not_taken)
 
 
+def attention_layout(attention: str, device: str, plain: bool = True) -> str:
+    """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
+    kernel on CPUs with AVX512 or AVX2 (model/cpu/kernels.py). Elsewhere on CPU it is the slot slab,
+    which measured faster there than PyTorch ops over the pages, for a model whose attention is
+    `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
+    if attention == "auto":
+        return "paged" if device.startswith("cuda") or cpu_kernels.kernels() is not None or not plain else "slab"
+    if attention == "slab" and not plain:
+        raise ValueError("--attention slab attends every position at head_dim ** -0.5, and this model's attention "
+                         "uses sliding windows, another scale or a soft cap: use --attention paged (or auto)")
+    return attention
+
+
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
             huge_pages: bool = True) -> Backends:
     """Choose the backends for a loaded model and put them in place; what was chosen, and why not
@@ -139,7 +152,7 @@ def settle_fused(backends: Backends, model: LlamaForCausalLM) -> None:
 
 
 def settle_attention(backends: Backends, cache: KVCache | PagedKVCache) -> None:
-    """The attention the runner's KV cache runs (its layout as engine/config.resolve_attention chose it)."""
+    """The attention the runner's KV cache runs (its layout as attention_layout chose it)."""
     if not isinstance(cache, PagedKVCache):
         backends.attention = "slab (PyTorch)"
     elif cache.use_triton:
