@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tailrace.model.cpu import int_linear
 from tailrace.model.cpu.int_linear import BLOCK, IntEmbedding, IntLinear, pack_codes, pack_scales
+from tailrace.model.cpu.kernel_ops import activation_codes
 from tailrace.model.cpu.kernels import kernels
 from tailrace.model.loading.loader import load_model
 from tailrace.model.quant import E2M1_DOUBLED
@@ -78,16 +79,6 @@ def test_scales_pack_a_tiles_vectors_side_by_side_lanes_last_in_float16():
     assert packed[1, 1, 0, 6] == 0 and packed[1, 1, 3, 15] == 0  # padding to whole tiles
 
 
-def _activation_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x as the kernel rounds it against `bits`-bit weights: int16 codes times max|x| / 32767 (int8
-    weights) or int8 codes times max|x| / 127 (int4) per block of 32, in float64."""
-    top = 32767 if bits == 8 else 127
-    blocks = x.float().view(x.shape[0], -1, BLOCK)
-    largest = blocks.abs().amax(-1, keepdim=True)
-    codes = torch.where(largest > 0, torch.round(blocks * (top / largest)), 0)  # a zero block stays 0
-    return (codes * (largest / top)).view(x.shape).double()
-
-
 def _random_weight(bits: int, grouped: bool, zeros: bool, out_features: int, in_features: int, seed: int,
                    e2m1: bool = False):
     """Codes, scales and zeros; E2M1 codes take scales that are powers of two, as MXFP4's are."""
@@ -113,7 +104,7 @@ def _reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros
     if zeros is not None:
         w = w + zeros.double()[..., None]
     bits = 8 if codes.dtype == torch.int8 else 4
-    return _activation_codes(x, bits) @ w.view(out_features, in_features).t()
+    return activation_codes(x, bits) @ w.view(out_features, in_features).t()
 
 
 # (bits, grouped scales, zero points, E2M1 codes)

@@ -140,15 +140,20 @@ def _make_int_linear(dtype: str, g: torch.Generator, rows: int, out_features: in
             "zeros": None if quantized.zeros is None else pack_scales(quantized.zeros)}
 
 
-def _int_linear_reference(i: Inputs) -> torch.Tensor:
-    """In float64 over the activation codes the kernel rounds x to: per block of 32, int16 codes
-    times max|x| / 32767 against int8 weights, int8 codes times max|x| / 127 against 4-bit ones."""
-    x, w = i["x"], i["weight"]
-    top = 32767 if i["bits"] == 8 else 127
+def activation_codes(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x as the integer kernel rounds it against `bits`-bit weights, in float64: per block of 32,
+    int16 codes times max|x| / 32767 (int8 weights) or int8 codes times max|x| / 127 (4-bit)."""
+    top = 32767 if bits == 8 else 127
     blocks = x.float().view(x.shape[0], -1, BLOCK)
     largest = blocks.abs().amax(-1, keepdim=True)
-    codes = torch.where(largest > 0, torch.round(blocks * (top / largest)), 0)
-    activations = (codes * (largest / top)).view(x.shape).double()
+    codes = torch.where(largest > 0, torch.round(blocks * (top / largest)), 0)  # a zero block stays 0
+    return (codes * (largest / top)).view(x.shape).double()
+
+
+def _int_linear_reference(i: Inputs) -> torch.Tensor:
+    """In float64 over the activation codes the kernel rounds x to."""
+    w = i["weight"]
+    activations = activation_codes(i["x"], i["bits"])
     out_features, in_features = w.codes.shape
     weight = w.codes.double().view(out_features, w.scales.shape[1], -1) * w.scales.double()[..., None]
     if w.zeros is not None:
