@@ -36,7 +36,7 @@ def bare_loop(model_dir: str, dtype: str, prompts: list[list[int]], output_len: 
     model, config = load_as_engine(model_dir, dtype)
     block = 16
     per_seq = -(-(len(prompts[0]) + output_len) // block)
-    cache = new_cache(config, per_seq * batch, block, model.dtype, batch, len(prompts[0]) + output_len)
+    cache = new_cache(model, config, per_seq * batch, block, batch, len(prompts[0]) + output_len)
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):

@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from tailrace.engine.config import EMBEDDED_MODEL
 from tailrace.engine.sampler import greedy_tokens
 from tailrace.model import backends
-from tailrace.model.backends import attention_layout
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
 from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.cpu import bf16_linear, ops as cpu_ops
@@ -80,12 +79,14 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def new_cache(config, num_blocks: int, block_size: int, dtype: torch.dtype, max_seqs: int, max_model_len: int,
+def new_cache(model, config, num_blocks: int, block_size: int, max_seqs: int, max_model_len: int,
               attention: str = "auto"):
     """The KV cache of `--attention` (auto: the one the engine would use on this CPU)."""
-    kind = PagedKVCache if attention_layout(attention, "cpu") == "paged" else KVCache
-    return kind(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks, block_size, dtype,
-                max_seqs=max_seqs, max_model_len=max_model_len)
+    chosen = backends.choose_attention(attention, "cpu", model.dtype, config.head_dim, backends.is_plain(model))
+    args = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, num_blocks, block_size, model.dtype)
+    if chosen.layout == "paged":
+        return PagedKVCache(*args, max_seqs=max_seqs, max_model_len=max_model_len, kernel=chosen.kernel)
+    return KVCache(*args, max_seqs=max_seqs, max_model_len=max_model_len)
 
 
 def prefilled_cache(model, config, batch: int, context: int, steps: int,
@@ -94,7 +95,7 @@ def prefilled_cache(model, config, batch: int, context: int, steps: int,
     for `steps` more each, and the sequences' block tables."""
     block = 16
     per_seq = -(-(context + steps + 1) // block)
-    cache = new_cache(config, per_seq * batch, block, model.dtype, batch, per_seq * block, attention)
+    cache = new_cache(model, config, per_seq * batch, block, batch, per_seq * block, attention)
     tables = [list(range(j * per_seq, (j + 1) * per_seq)) for j in range(batch)]
     with torch.inference_mode():
         forward_step(model, cache, tables, [list(range(3, 3 + context))] * batch, 0)
@@ -155,7 +156,7 @@ def forward_step(model, cache: KVCache, tables: list[list[int]], rows: list[list
 def sequence_cache(model, config, tokens: int, block: int = 16, attention: str = "auto") -> tuple[KVCache, list[int]]:
     """An empty KV cache just large enough for one sequence of `tokens` tokens, and its block table."""
     blocks = -(-tokens // block)
-    cache = new_cache(config, blocks, block, model.dtype, 1, blocks * block, attention)
+    cache = new_cache(model, config, blocks, block, 1, blocks * block, attention)
     return cache, list(range(blocks))
 
 

@@ -32,7 +32,7 @@ from tailrace.bench.shapes import SHAPES, shape_config
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.engine.step_inputs import StepInputs
-from tailrace.engine.tp_step import encode_step
+from tailrace.engine.tensor_parallel.step import encode_step
 from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 from tailrace.model.loading.loader import load_model_config
 from tailrace.model.loading.tp_shard import check_shardable, vocab_rows

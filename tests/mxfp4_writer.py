@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tailrace.model.loading.mxfp4 import FP4_VALUES, dequantize_mxfp4
+from tailrace.model.loading.mxfp4 import dequantize_mxfp4
+from tailrace.model.quant import FP4_VALUES
 
 
 def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -463,7 +463,7 @@ def test_stream_yes_is_400_invalid_type_not_a_stream(client):
 
 
 def test_unknown_fields_are_served_and_named_in_one_warning(client, caplog):
-    with caplog.at_level(logging.WARNING, logger="tailrace.api.app"):
+    with caplog.at_level(logging.WARNING, logger="tailrace.api.handling"):
         response = client.post("/v1/completions", json={**COMPLETION, "frobnicate": 1, "guided_zeta": "x"})
     assert response.status_code == 200
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -14,7 +14,7 @@ import pytest
 
 from tailrace.bench.records import LevelResult, RequestRecord, StreamRecorder
 from tailrace.bench.report import format_comparison, percentile, summarize, tpot, write_json
-from tailrace.bench.shards import shard_sizes
+from tailrace.bench.levels import shard_sizes
 from tailrace.bench.serve import LoadConfig, Workload, api_roots, request_body, run_level
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.sse import SSEDecoder, decode_lines

@@ -2,10 +2,11 @@
 flags that fill them."""
 
 import pytest
+import torch
 
 from tailrace.cli import build_parser, engine_config_from
 from tailrace.engine.config import EngineConfig, resolve_device
-from tailrace.model.backends import attention_layout
+from tailrace.model.backends import choose_attention
 from tailrace.model.cpu import kernels as cpu_kernels
 
 
@@ -24,30 +25,46 @@ def test_cuda_without_a_gpu_is_an_error():
         resolve_device("cuda", cuda_available=False)
 
 
+def layout(asked: str, device: str, plain: bool = True) -> str:
+    return choose_attention(asked, device, torch.float32, 64, plain).layout
+
+
 def test_auto_attention_is_paged_on_cuda_and_on_cpus_that_run_tailraces_kernels(monkeypatch):
-    assert attention_layout("auto", "cuda") == "paged"
-    assert attention_layout("auto", "cuda:1") == "paged"
+    assert layout("auto", "cuda") == "paged"
+    assert layout("auto", "cuda:1") == "paged"
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: object())
-    assert attention_layout("auto", "cpu") == "paged"
+    assert layout("auto", "cpu") == "paged"
 
 
 def test_auto_attention_is_the_slab_on_cpus_without_tailraces_kernels(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
-    assert attention_layout("auto", "cpu") == "slab"
-    assert attention_layout("auto", "cuda") == "paged"
+    assert layout("auto", "cpu") == "slab"
+    assert layout("auto", "cuda") == "paged"
 
 
 def test_attention_the_slab_cannot_take_goes_to_the_pages_or_is_refused_by_name(monkeypatch):
     """Sliding windows, another scale, soft caps or sinks (attention.plain_attention)."""
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
-    assert attention_layout("auto", "cpu", plain=False) == "paged"
+    assert layout("auto", "cpu", plain=False) == "paged"
     with pytest.raises(ValueError, match="--attention slab .* use --attention paged"):
-        attention_layout("slab", "cpu", plain=False)
+        layout("slab", "cpu", plain=False)
 
 
 def test_an_explicit_attention_is_kept_on_either_device():
-    assert attention_layout("paged", "cpu") == "paged"
-    assert attention_layout("slab", "cuda") == "slab"
+    assert layout("paged", "cpu") == "paged"
+    assert layout("slab", "cuda") == "slab"
+
+
+def test_the_attention_kernel_is_the_devices_own_where_it_takes_the_model_and_says_why_not(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "kernels", lambda: object())
+    assert choose_attention("auto", "cpu", torch.bfloat16, 128).kernel == "tailrace"
+    half = choose_attention("auto", "cpu", torch.float16, 128)
+    assert (half.layout, half.kernel) == ("paged", "pytorch") and "float32 or bfloat16" in half.not_taken
+    assert "head_dim" in choose_attention("auto", "cpu", torch.float32, 40).not_taken
+    windowed = choose_attention("auto", "cuda", torch.bfloat16, 128, plain=False)
+    assert (windowed.kernel, str(windowed)) == ("pytorch", "paged (PyTorch)") and "windows" in windowed.not_taken
+    slab = choose_attention("slab", "cpu", torch.float32, 64)
+    assert (str(slab), slab.not_taken) == ("slab (PyTorch)", "--attention slab was asked for")
 
 
 def test_defaults_choose_the_device_and_layout_at_start_up_with_graphs_on():

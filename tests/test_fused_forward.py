@@ -92,7 +92,7 @@ def random_model(model_type: str, seed: int = 0, quantization: str | None = None
 def new_cache(model: LlamaForCausalLM) -> PagedKVCache:
     c = model.config
     return PagedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE,
-                        model.dtype, max_seqs=8)
+                        model.dtype, max_seqs=8, kernel="tailrace")
 
 
 def run_step(model: LlamaForCausalLM, cache: PagedKVCache, step: list[tuple[int, int, int]],
@@ -277,7 +277,7 @@ def test_steps_on_a_cache_without_tailrace_attention_run_module_by_module():
     fused = model.model.fused_forward
     assert not fused.takes(slab) and fused.takes(new_cache(model))
     float32 = PagedKVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE,
-                           torch.float32)
+                           torch.float32, kernel="tailrace")
     assert not fused.takes(float32)  # pages of another dtype than the model's
 
 

@@ -36,8 +36,8 @@ def batch_of(k: int, seed: int) -> dict[str, tuple[list[int], SamplingParams]]:
 
 def test_auto_picks_cuda_paged_attention_bfloat16_and_graphs(embedded_model):
     runner = EngineCore(EngineConfig(num_kv_blocks=64, max_num_seqs=4)).runner
-    assert (runner.device.type, runner.attention, runner.model.dtype) == ("cuda", "paged", torch.bfloat16)
-    assert isinstance(runner.cache, PagedKVCache) and runner.cache.use_triton
+    assert (runner.device.type, runner.backends.attention.layout, runner.model.dtype) == ("cuda", "paged", torch.bfloat16)
+    assert isinstance(runner.cache, PagedKVCache) and runner.cache.kernel == "triton"
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4]
 
 
@@ -47,7 +47,7 @@ def test_float32_eager_greedy_tokens_match_the_cpu_path(embedded_model, monkeypa
     # Every attention call goes through the Triton kernel: the PyTorch reference must not run.
     monkeypatch.setattr(paged_attention, "paged_attention_reference", None)
     cuda = cuda_core(dtype="float32", enforce_eager=True)
-    assert cuda.runner.cache.use_triton
+    assert cuda.runner.cache.kernel == "triton"
     assert run(cuda, requests) == cpu
     for rid in ("0", "7"):
         assert run(cuda, {rid: requests[rid]}) == {rid: cpu[rid]}

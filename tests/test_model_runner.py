@@ -37,7 +37,7 @@ def test_on_cpu_auto_is_float32_paged_where_tailraces_kernels_run_else_on_the_sl
         pytest.skip("auto picks CUDA here")
     runner = make_core(num_kv_blocks=8).runner
     layout, cache = ("paged", PagedKVCache) if kernels() is not None else ("slab", KVCache)
-    assert (runner.device.type, runner.attention, runner.model.dtype) == ("cpu", layout, torch.float32)
+    assert (runner.device.type, runner.backends.attention.layout, runner.model.dtype) == ("cpu", layout, torch.float32)
     assert isinstance(runner.cache, cache) and runner.graphs is None
 
 

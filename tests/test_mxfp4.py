@@ -6,8 +6,8 @@ import pytest
 import torch
 from mxfp4_writer import quantize_mxfp4
 
-from tailrace.model.loading.mxfp4 import FP4_VALUES, dequantize_mxfp4, e2m1_codes, e2m1_scales
-from tailrace.model.quant import IntWeight
+from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes, e2m1_scales
+from tailrace.model.quant import FP4_VALUES, IntWeight
 
 
 def test_each_byte_holds_two_values_the_first_in_its_low_nibble_over_the_blocks_power_of_two():

@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 
-from tailrace.model.attention import paged as paged_attention, triton_paged as triton_attention
-from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages
-from tailrace.model.attention.paged import PagedAttentionMetadata, PagedKVCache, paged_attention_reference
+from tailrace.model.attention import triton_paged as triton_attention
+from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, PagedAttentionMetadata,
+                                               SeqSlice, new_pages)
+from tailrace.model.attention.paged import PagedKVCache, paged_attention_reference
 from tailrace.model.cpu.kernels import kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -220,6 +221,7 @@ TABLES = {0: [3, 7], 1: [0, 5], 2: [7, 3]}  # key 2 reuses key 0's blocks once k
 
 
 CACHE_ARGS = (LAYERS, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float32)
+CPU_KERNEL = "pytorch" if kernels() is None else "tailrace"  # what model/backends.py chooses here
 
 
 def make_batch(parts: list[tuple[int, int, int]], device: torch.device | str = "cpu") -> AttentionBatch:
@@ -270,19 +272,22 @@ def run_against_kv_cache(paged: PagedKVCache) -> None:
 
 def test_paged_cache_matches_kv_cache_step_by_step():
     """On CPU through tailrace's kernel where it runs, else the PyTorch reference."""
-    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False))
+    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, max_seqs=4, kernel=CPU_KERNEL))
 
 
 @needs_kernels
-def test_the_cpu_kernel_serves_what_it_takes_and_the_reference_the_rest():
-    assert PagedKVCache(*CACHE_ARGS, use_triton=False)._native_attention is not None
-    assert PagedKVCache(LAYERS, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float16)._native_attention is None
-    assert PagedKVCache(LAYERS, KV_HEADS, 40, 16, BLOCK_SIZE, torch.float32)._native_attention is None
+def test_the_cpu_kernel_runs_what_it_takes_and_refuses_the_rest_by_name():
+    assert PagedKVCache(*CACHE_ARGS, kernel="tailrace")._native_attention is not None
+    with pytest.raises(ValueError, match="does not run torch.float16 with head_dim 32"):
+        PagedKVCache(LAYERS, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float16, kernel="tailrace")
+    with pytest.raises(ValueError, match="head_dim 40"):
+        PagedKVCache(LAYERS, KV_HEADS, 40, 16, BLOCK_SIZE, torch.float32, kernel="tailrace")
+    with pytest.raises(ValueError, match="unknown attention kernel 'flash'"):
+        PagedKVCache(*CACHE_ARGS, kernel="flash")
 
 
-def test_paged_cache_on_the_reference_path_matches_kv_cache(monkeypatch):
-    monkeypatch.setattr(paged_attention, "kernels", lambda: None)
-    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)
+def test_paged_cache_on_the_reference_path_matches_kv_cache():
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, kernel="pytorch")
     assert cache._native_attention is None
     run_against_kv_cache(cache)
 
@@ -301,7 +306,7 @@ def test_paged_cache_has_the_kv_cache_page_size():
 
 
 def test_smaller_batch_turns_the_remaining_slots_into_padding():
-    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, use_triton=False)
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=4, kernel=CPU_KERNEL)
     cache.begin(make_batch([(0, 0, 5), (1, 0, 3), (2, 0, 4)]))
     cache.begin(make_batch([(1, 3, 2)]))
     meta = cache.metadata
@@ -312,7 +317,7 @@ def test_smaller_batch_turns_the_remaining_slots_into_padding():
 
 
 def test_a_row_table_is_written_again_exactly_when_its_version_or_length_changes():
-    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, use_triton=False)
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, kernel=CPU_KERNEL)
     table = [3, 4]
 
     def row(kv_len: int, version: int | None) -> list[int]:
@@ -331,20 +336,20 @@ def test_a_row_table_is_written_again_exactly_when_its_version_or_length_changes
 
 
 def test_rows_out_of_batch_order_raise():
-    cache = PagedKVCache(*CACHE_ARGS, use_triton=False)
+    cache = PagedKVCache(*CACHE_ARGS, kernel=CPU_KERNEL)
     seqs = [SeqSlice(0, 1, 1, 4, TABLES[0]), SeqSlice(1, 0, 1, 4, TABLES[1])]
     with pytest.raises(ValueError, match="batch order"):
         cache.begin(AttentionBatch(seqs, torch.tensor([0, 1])))
 
 
 def test_more_sequences_than_max_seqs_raises():
-    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, use_triton=False)
+    cache = PagedKVCache(*CACHE_ARGS, max_seqs=2, kernel=CPU_KERNEL)
     with pytest.raises(RuntimeError, match="max_seqs"):
         cache.begin(make_batch([(0, 0, 1), (1, 0, 1), (2, 0, 1)]))
 
 
 def test_attend_without_begin_raises():
-    cache = PagedKVCache(*CACHE_ARGS, use_triton=False)
+    cache = PagedKVCache(*CACHE_ARGS, kernel=CPU_KERNEL)
     batch = make_batch([(0, 0, 2)])
     q = torch.zeros(2, 2 * KV_HEADS, HEAD_DIM)
     with pytest.raises(RuntimeError, match="begin"):
@@ -388,4 +393,4 @@ def test_triton_kernel_matches_reference_and_leaves_other_rows_alone(group, dtyp
 
 @pytest.mark.usefixtures("triton_interpreter")
 def test_paged_cache_on_the_triton_path_matches_kv_cache():
-    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, device=DEVICE, max_seqs=4, use_triton=True))
+    run_against_kv_cache(PagedKVCache(*CACHE_ARGS, device=DEVICE, max_seqs=4, kernel="triton"))

@@ -10,21 +10,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import tailrace
+from tailrace.api.handling import check_loaded, check_model, check_ready, json_response, parse_body, respond
 from tailrace.api.openapi import json_body, openapi_document
 from tailrace.api.routes_extra import add_extra_routes, error_for_route, is_anthropic_route
-from tailrace.api.sse import aclose, sse_stream
 from tailrace.api.stats_log import log_stats
 from tailrace.engine.client import EngineClient, EngineDeadError
 from tailrace.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -36,17 +34,13 @@ from tailrace.serving.context import ChatOptions, RequestContext
 from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
-                                     invalid_api_key, invalid_json, invalid_request, missing_api_key,
-                                     model_not_found, payload_too_large)
-from tailrace.serving.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                                       unknown_fields)
+                                     invalid_api_key, invalid_request, missing_api_key, payload_too_large)
+from tailrace.serving.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tailrace.serving.sampling_defaults import with_sampling_defaults
 
 logger = logging.getLogger(__name__)
 
-M = TypeVar("M", bound=BaseModel)
 _MAX_CLIENT_REQUEST_ID = 256
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(slots=True)
@@ -116,16 +110,16 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
                               limits=config.limits, admission=admission, chat=config.chat)
 
     async def completions(request: Request) -> Response:
-        body = with_sampling_defaults(await _parse(request, CompletionRequest), config.sampling_defaults)
-        _check_model(names, body.model)
-        _check_ready(request, engine)
-        return await _respond(request, create_completion(engine, body, context(request)))
+        body = with_sampling_defaults(await parse_body(request, CompletionRequest), config.sampling_defaults)
+        check_model(names, body.model)
+        check_ready(request, engine)
+        return await respond(request, create_completion(engine, body, context(request)))
 
     async def chat_completions(request: Request) -> Response:
-        body = with_sampling_defaults(await _parse(request, ChatCompletionRequest), config.sampling_defaults)
-        _check_model(names, body.model)
-        _check_ready(request, engine)
-        return await _respond(request, create_chat_completion(engine, body, context(request)))
+        body = with_sampling_defaults(await parse_body(request, ChatCompletionRequest), config.sampling_defaults)
+        check_model(names, body.model)
+        check_ready(request, engine)
+        return await respond(request, create_chat_completion(engine, body, context(request)))
 
     for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
         documented = prefix == "/v1"
@@ -148,26 +142,26 @@ def _add_model_routes(router: APIRouter, engine: EngineClient, names: tuple[str,
                 "backends": engine.backends}
 
     async def list_models() -> Response:
-        _check_loaded(engine)
-        return _json({"object": "list", "data": [model_card(name) for name in names]})
+        check_loaded(engine)
+        return json_response({"object": "list", "data": [model_card(name) for name in names]})
 
     async def get_model(model: str) -> Response:
-        _check_loaded(engine)
-        _check_model(names, model)
-        return _json(model_card(model))
+        check_loaded(engine)
+        check_model(names, model)
+        return json_response(model_card(model))
 
     async def tokenize(request: Request) -> Response:
-        body = await _parse(request, TokenizeRequest)
-        _check_model(names, body.model)
-        _check_loaded(engine)
+        body = await parse_body(request, TokenizeRequest)
+        check_model(names, body.model)
+        check_loaded(engine)
         tokens = _tokenize(engine, body)
-        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len})
+        return json_response({"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len})
 
     async def detokenize(request: Request) -> Response:
-        body = await _parse(request, DetokenizeRequest)
-        _check_model(names, body.model)
+        body = await parse_body(request, DetokenizeRequest)
+        check_model(names, body.model)
         check_token_ids(body.tokens, engine.tokenizer.vocab_size, "tokens")
-        return _json({"prompt": engine.tokenizer.decode(body.tokens)})
+        return json_response({"prompt": engine.tokenizer.decode(body.tokens)})
 
     for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
         documented = prefix == "/v1"
@@ -187,7 +181,7 @@ def _openapi_route(app: FastAPI, config: ServerConfig) -> APIRouter:
         if not document:
             document.update(openapi_document(app, config.served_model_name, auth=config.api_key is not None,
                                              public_metrics=config.metrics_public))
-        return _json(document)
+        return json_response(document)
 
     router.add_api_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
     return router
@@ -204,10 +198,10 @@ def _status_routes(engine: EngineClient) -> APIRouter:
             raise engine_unavailable("The server is shutting down.")
         if not engine.is_ready:
             raise engine_unavailable()
-        return _json({})
+        return json_response({})
 
     async def get_version() -> Response:
-        return _json({"version": version})
+        return json_response({"version": version})
 
     router.add_api_route("/health", health, methods=["GET"])
     router.add_api_route("/ping", health, methods=["GET", "POST"])
@@ -225,27 +219,6 @@ def _metrics_route(engine: EngineClient, metrics: ServerMetrics) -> APIRouter:
     return router
 
 
-def _check_model(names: tuple[str, ...], model: str | None) -> None:
-    if model is not None and model not in names:
-        raise model_not_found(model)
-
-
-def _check_loaded(engine: EngineClient) -> None:
-    """What describes the model (its context length, what runs it) is known once it has loaded."""
-    if not engine.is_ready:
-        raise engine_unavailable("The model is still loading or has stopped. Please retry shortly.")
-
-
-def _check_ready(request: Request, engine: EngineClient) -> None:
-    # The server accepts connections while the model loads; until then the engine knows no
-    # context length, so generation requests wait for /health to turn 200. While it drains, the
-    # SDKs retry the 503, and a load balancer sends the retry to another server.
-    if request.app.state.draining:
-        raise engine_unavailable("The server is shutting down. Please retry.")
-    if not engine.is_ready:
-        raise engine_unavailable("The model is still loading or has stopped. Please retry shortly.")
-
-
 def _tokenize(engine: EngineClient, body: TokenizeRequest) -> list[int]:
     tokenizer = engine.tokenizer
     if body.prompt is not None:
@@ -258,82 +231,6 @@ def _tokenize(engine: EngineClient, body: TokenizeRequest) -> list[int]:
     except ValueError as err:
         raise invalid_request(str(err), param="messages") from err
     return tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
-
-
-async def _parse(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise invalid_json() from None
-    if not isinstance(data, dict):
-        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
-    try:
-        parsed = model.model_validate(data)
-    except ValidationError as err:
-        raise from_validation_errors(err.errors(include_url=False)) from None
-    ignored = unknown_fields(model, data)
-    if ignored:  # accepted, as vLLM does, but never silently
-        logger.warning("request %s: ignored fields this server does not know: %s", request.state.request_id,
-                       ", ".join(ignored))
-    return parsed
-
-
-async def _respond(request: Request, result: Awaitable[dict | AsyncIterator[dict]],
-                   framing: Callable[[AsyncIterator[dict]], AsyncIterator[bytes]] = sse_stream) -> Response:
-    outcome = await _unless_disconnected(request, result)
-    if outcome is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    if isinstance(outcome, dict):
-        return _json(outcome)
-    return StreamingResponse(framing(await _first_chunk_now(outcome)), media_type="text/event-stream",
-                             headers=_SSE_HEADERS)
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Await `work`, cancelling it (and so aborting its engine requests) if the client goes away
-    first: a non-stream request writes nothing until the end, so nothing else would notice."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
-
-
-async def _disconnected(request: Request) -> None:
-    # The body was read already, so the next message can only be the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _first_chunk_now(chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
-    """Pull the first chunk before the 200 goes out: an error raised that early is then a normal
-    HTTP error, which every client reports properly, instead of an in-band stream event."""
-    try:
-        first = await anext(chunks)
-    except StopAsyncIteration:
-        return chunks
-    return _prepend(first, chunks)
-
-
-async def _prepend(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
-    try:
-        yield first
-        async for chunk in rest:
-            yield chunk
-    finally:
-        await aclose(rest)
-
-
-def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", headers=headers)
 
 
 def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
@@ -359,7 +256,7 @@ def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
 def _error_response(err: OpenAIError) -> Response:
     """The OpenAI error body; a 4xx that retrying cannot fix says so, or the SDK retries it twice."""
     headers = {} if err.retryable else {"x-should-retry": "false"}
-    return _json(err.body(), status=err.status, headers={**headers, **err.headers})
+    return json_response(err.body(), status=err.status, headers={**headers, **err.headers})
 
 
 def _add_error_handlers(app: FastAPI) -> None:

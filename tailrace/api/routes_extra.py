@@ -8,6 +8,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from tailrace.api.handling import check_model, check_ready, json_response, parse_body, respond
 from tailrace.api.sse import named_sse_stream
 from tailrace.engine.client import EngineClient
 from tailrace.serving.anthropic_messages import AnthropicError, count_tokens, create_message
@@ -43,20 +44,18 @@ def add_extra_routes(router: APIRouter, engine: EngineClient, names: tuple[str, 
 
 def _add_messages_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...],
                          context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float]) -> None:
-    from tailrace.api import app as http  # the caller: loaded by the time it calls this
-
     async def messages(request: Request) -> Response:
-        body = await http._parse(request, MessagesRequest)
-        http._check_model(names, body.model)
-        http._check_ready(request, engine)
-        return await http._respond(request, create_message(engine, body, context(request), sampling_defaults),
+        body = await parse_body(request, MessagesRequest)
+        check_model(names, body.model)
+        check_ready(request, engine)
+        return await respond(request, create_message(engine, body, context(request), sampling_defaults),
                                    named_sse_stream)
 
     async def messages_count_tokens(request: Request) -> Response:
-        body = await http._parse(request, CountTokensRequest)
-        http._check_model(names, body.model)
-        http._check_ready(request, engine)
-        return http._json(count_tokens(engine, body, context(request)))
+        body = await parse_body(request, CountTokensRequest)
+        check_model(names, body.model)
+        check_ready(request, engine)
+        return json_response(count_tokens(engine, body, context(request)))
 
     for prefix in ("/v1", ""):
         router.add_api_route(f"{prefix}/messages", messages, methods=["POST"], include_in_schema=False)
@@ -67,24 +66,22 @@ def _add_messages_routes(router: APIRouter, engine: EngineClient, names: tuple[s
 def _add_responses_routes(router: APIRouter, engine: EngineClient, names: tuple[str, ...],
                           context: Callable[[Request], RequestContext], sampling_defaults: dict[str, float],
                           store: ResponseStore) -> None:
-    from tailrace.api import app as http  # the caller: loaded by the time it calls this
-
     async def responses(request: Request) -> Response:
-        body = await http._parse(request, ResponsesRequest)
-        http._check_model(names, body.model)
-        http._check_ready(request, engine)
-        return await http._respond(request, create_response(engine, body, context(request), store,
+        body = await parse_body(request, ResponsesRequest)
+        check_model(names, body.model)
+        check_ready(request, engine)
+        return await respond(request, create_response(engine, body, context(request), store,
                                                             sampling_defaults), named_sse_stream)
 
     async def get_response(response_id: str) -> Response:
-        return http._json(store.get(response_id).response)
+        return json_response(store.get(response_id).response)
 
     async def delete_response(response_id: str) -> Response:
         store.delete(response_id)
-        return http._json({"id": response_id, "object": "response", "deleted": True})
+        return json_response({"id": response_id, "object": "response", "deleted": True})
 
     async def cancel_response(response_id: str) -> Response:
-        return http._json(store.cancel(response_id))
+        return json_response(store.cancel(response_id))
 
     for prefix in ("/v1", ""):
         router.add_api_route(f"{prefix}/responses", responses, methods=["POST"], include_in_schema=False)

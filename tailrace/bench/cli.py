@@ -159,7 +159,7 @@ def _load_config(args: argparse.Namespace, **overrides: object) -> LoadConfig:
 
 def _serve(args: argparse.Namespace) -> int:
     from tailrace.bench.report import format_summary, summarize
-    from tailrace.bench.serve import run_benchmark
+    from tailrace.bench.levels import run_benchmark
 
     config = _load_config(args, base_url=args.base_url, model=args.model, endpoint=args.endpoint,
                           request_rate=args.request_rate, temperature=args.temperature, api_key=args.api_key,

@@ -50,7 +50,7 @@ class LoadConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request
     timeout_s: float = 600.0  # the longest wait for any one read
     progress: bool = True
-    processes: int = 1  # client processes per level (tailrace/bench/shards.py), for rates one process cannot read
+    processes: int = 1  # client processes per level (tailrace/bench/levels.py), for rates one process cannot read
 
 
 @dataclass(slots=True)
@@ -177,21 +177,3 @@ async def run_level(client: httpx.AsyncClient, config: LoadConfig, model: str, w
     bar.close()
     return LevelResult(concurrency=concurrency, request_rate=config.request_rate, duration=duration,
                        records=list(records))
-
-
-async def run_benchmark(config: LoadConfig) -> tuple[str, Workload, list[LevelResult]]:
-    """Every concurrency level against one server: (model name, prompts, levels)."""
-    async with open_client(config) as client:
-        model = config.model or await first_model(client, config)
-        workload = await build_workload(client, config, model)
-        await warm_up(client, config, model, workload.prompts[0])
-        levels = [await run_level(client, config, model, workload, c) if config.processes == 1
-                  else await asyncio.to_thread(_run_level_processes, config, model, workload, c)
-                  for c in config.concurrency]
-    return model, workload, levels
-
-
-def _run_level_processes(config: LoadConfig, model: str, workload: Workload, concurrency: int) -> LevelResult:
-    from tailrace.bench.shards import run_level_processes  # shards imports this module
-
-    return run_level_processes(config, model, workload, concurrency)

@@ -9,8 +9,8 @@ from tailrace.check.client import Exchange
 from tailrace.check.compare import offset_problem, spells_answer
 from tailrace.check.equivalence import assert_stream_equals_full
 from tailrace.check.probe import logprobs_fields
-from tailrace.check.results import IGNORED, Check, Verdict, fail, skip
-from tailrace.check.session import SEED, SEEDED_MAX_TOKENS, Session
+from tailrace.check.results import IGNORED, Verdict, fail, skip
+from tailrace.check.session import SEED, SEEDED_MAX_TOKENS, Check, Session
 from tailrace.check.wire import read_full, read_stream
 
 GROUP = "n"

@@ -8,8 +8,8 @@ from typing import Any
 from tailrace.check.client import Exchange
 from tailrace.check.compare import choice_difference, usage_difference
 from tailrace.check.probe import logprobs_fields
-from tailrace.check.results import Check, fail, ignore
-from tailrace.check.session import Session
+from tailrace.check.results import fail, ignore
+from tailrace.check.session import Check, Session
 from tailrace.check.wire import read_full, read_stream, usage_chunks
 
 GROUP = "equivalence"

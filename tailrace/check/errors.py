@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from tailrace.check.client import Exchange
-from tailrace.check.results import Check, fail, ignore, skip
-from tailrace.check.session import Session
+from tailrace.check.results import fail, ignore, skip
+from tailrace.check.session import Check, Session
 
 GROUP = "errors"
 UNKNOWN_MODEL = "tailrace-check-no-such-model"

@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable
 
 from tailrace.check.client import Exchange
-from tailrace.check.results import Check, fail, skip
-from tailrace.check.session import Session
+from tailrace.check.results import fail, skip
+from tailrace.check.session import Check, Session
 
 GROUP = "framing"
 DONE_EVENT = b"data: [DONE]"

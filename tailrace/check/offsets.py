@@ -6,8 +6,8 @@ from __future__ import annotations
 from tailrace.check.client import Exchange
 from tailrace.check.compare import offset_problem, tokens_spell_text
 from tailrace.check.probe import Probe, logprobs_fields
-from tailrace.check.results import Check, fail, skip
-from tailrace.check.session import Session
+from tailrace.check.results import fail, skip
+from tailrace.check.session import Check, Session
 from tailrace.check.wire import Choice, read_full, read_stream
 
 GROUP = "offsets"

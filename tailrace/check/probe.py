@@ -4,15 +4,14 @@ boundary out of what came back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tailrace.check.client import Exchange
 from tailrace.check.expect import ok_json, require_endpoint
 from tailrace.check.results import skip
 from tailrace.check.wire import read_full
-
-if TYPE_CHECKING:
-    from tailrace.check.session import Session
 
 MAX_TOKENS = 32
 COMPLETION_PROMPTS = ("Once upon a time", "The quick brown fox", "Here is a list of things to do:")
@@ -79,13 +78,14 @@ def _whole_characters(data: bytes) -> bool:
     return True
 
 
-def find_probe(session: Session, endpoint: str) -> Probe:
+def find_probe(post: Callable[[str, dict[str, Any]], Exchange], model: str, endpoint: str) -> Probe:
+    """A greedy answer of `model` to cut a stop string from; `post` makes (or recalls) each exchange."""
     for attempt in range(len(COMPLETION_PROMPTS)):
-        base = base_request(endpoint, session.model, attempt)
-        exchange = session.post(endpoint, {**base, **logprobs_fields(endpoint, 0)})
+        base = base_request(endpoint, model, attempt)
+        exchange = post(endpoint, {**base, **logprobs_fields(endpoint, 0)})
         require_endpoint(exchange, endpoint)
         if exchange.status != 200:  # logprobs refused: the stop string spans characters instead
-            exchange = session.post(endpoint, base)
+            exchange = post(endpoint, base)
         choice = read_full(endpoint, ok_json(exchange)).get(0)
         if choice is None:
             continue

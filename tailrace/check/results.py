@@ -3,13 +3,11 @@ Verdict that carries the reason and the exchange that shows it (its reproducer).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from tailrace.check.client import Exchange
-    from tailrace.check.session import Session
 
 PASS, FAIL, IGNORED, SKIP = "PASS", "FAIL", "IGNORED", "SKIP"
 STATUSES = (PASS, FAIL, IGNORED, SKIP)
@@ -36,14 +34,6 @@ def ignore(reason: str, exchange: Exchange | None = None) -> NoReturn:
 def skip(reason: str) -> NoReturn:
     """Could not be tried on this server or model."""
     raise Verdict(SKIP, reason)
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    group: str
-    name: str
-    rule: str  # one line: what a correct server does
-    run: Callable[[Session], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,8 @@ every check that looks at it), and the facts learnt on the way (the probes, whet
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tailrace.check.client import Client, Exchange
@@ -14,6 +16,14 @@ from tailrace.check.wire import PATHS, read_full
 
 SEED = 4242
 SEEDED_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    group: str
+    name: str
+    rule: str  # one line: what a correct server does
+    run: Callable[[Session], None]
 
 
 class Session:
@@ -62,7 +72,7 @@ class Session:
 
     def probe(self, endpoint: str) -> Probe:
         if endpoint not in self._probes:
-            self._probes[endpoint] = find_probe(self, endpoint)
+            self._probes[endpoint] = find_probe(self.post, self.model, endpoint)
         return self._probes[endpoint]
 
     def seeded(self, endpoint: str, **fields: Any) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from tailrace.check.client import Exchange
 from tailrace.check.compare import coverage_problem, out_of_step, spells_answer
 from tailrace.check.equivalence import assert_stream_equals_full
 from tailrace.check.probe import Probe, logprobs_fields
-from tailrace.check.results import Check, fail, ignore
-from tailrace.check.session import Session
+from tailrace.check.results import fail, ignore
+from tailrace.check.session import Check, Session
 from tailrace.check.wire import read_full, read_stream
 
 GROUP = "stop"

@@ -8,8 +8,8 @@ from typing import Any
 
 from tailrace.check.client import Exchange
 from tailrace.check.equivalence import assert_usage_equals_full
-from tailrace.check.results import Check, Verdict, fail, ignore, skip
-from tailrace.check.session import Session
+from tailrace.check.results import Verdict, fail, ignore, skip
+from tailrace.check.session import Check, Session
 from tailrace.check.wire import usage_chunks
 
 GROUP = "usage"

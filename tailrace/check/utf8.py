@@ -6,8 +6,8 @@ from typing import Any
 
 from tailrace.check.compare import first_difference
 from tailrace.check.probe import MAX_TOKENS
-from tailrace.check.results import Check, fail, skip
-from tailrace.check.session import Session
+from tailrace.check.results import fail, skip
+from tailrace.check.session import Check, Session
 from tailrace.check.wire import read_full, read_stream
 
 GROUP = "utf8"

@@ -37,7 +37,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     threads: int | None = None  # torch threads in the core; None: chosen per step by measurement (threads.py)
     enable_prefix_caching: bool = True
-    tensor_parallel_size: int = 1  # ranks the model is split over (engine/tp_workers.py), one process each
+    tensor_parallel_size: int = 1  # ranks the model is split over (engine/tensor_parallel/group.py), one process each
     seed: int = 0
     in_process: bool = False  # run the core on a thread of this process (tests, debugging)
     # The local directory or GGUF file of `model`, resolved once; it travels with the config to the

@@ -12,7 +12,7 @@ from tailrace.engine.sampler import make_generator
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
 from tailrace.engine.structured_output.grammar import GrammarCompiler
-from tailrace.engine.tp_workers import start_ranks
+from tailrace.engine.tensor_parallel.group import start_ranks
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tailrace import envs
 from tailrace.engine.config import EngineConfig, resolve_device
 from tailrace.engine.cuda_graphs import DecodeGraphs, decode_size
 from tailrace.engine.kv_budget import activation_bytes, fixed_kv_cache_bytes, gpu_kv_cache_bytes
@@ -27,10 +26,10 @@ from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.step_inputs import StepInputBuilder, StepInputs
 from tailrace.engine.structured_output.grammar import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
-from tailrace.engine.tp_step import FollowStep
+from tailrace.engine.tensor_parallel.step import FollowStep
 from tailrace.engine.transfer import record_event
 from tailrace.model import backends
-from tailrace.model.attention.kv_cache import KVCache, plain_attention
+from tailrace.model.attention.kv_cache import KVCache
 from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.loading.loader import load_model, resolve_quantization
 from tailrace.outputs import TokenLogprob
@@ -38,8 +37,7 @@ from tailrace.outputs import TokenLogprob
 log = logging.getLogger("tailrace.engine")
 
 if TYPE_CHECKING:
-    from tailrace.engine.tp_workers import TensorParallel
-    from tailrace.model.decoder.llama import LlamaForCausalLM
+    from tailrace.engine.tensor_parallel.group import TensorParallel
 
 
 @dataclass(slots=True)
@@ -71,7 +69,7 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
-        """tp: this process's tensor-parallel rank (tp_workers); None runs the whole model here."""
+        """tp: this process's tensor-parallel rank (engine/tensor_parallel); None runs the whole model here."""
         self.tp = tp
         self._released: list[int] = []  # with tp: sequences released since the last step, for the workers
         self.threads = self._tune_threads(config, tp)
@@ -80,18 +78,12 @@ class ModelRunner:
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
         quantization = self._load(config, tp)
-        self.backends = backends.prepare(self.model, self.device, quantization)
-        plain = all(plain_attention(layer.self_attn.how, self.model_config.head_dim)
-                    for layer in self.model.model.layers)
-        self.attention = backends.attention_layout(config.attention, str(self.device), plain)
-        if self.device.type == "cuda":
-            _use_triton_ops(self.model)
+        self.backends = backends.prepare(self.model, self.device, quantization, attention=config.attention)
         mc = self.model_config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
         self.num_blocks = self._count_kv_blocks(config, tp, free_before_load if sized_by_gpu else None)
-        scratch_block = self._allocate_kv_cache(config, plain)
-        backends.settle_attention(self.backends, self.cache)
+        scratch_block = self._allocate_kv_cache(config)
         self.backends.check_strict(config.strict_backends)
         if tp is None or tp.rank == 0:
             log.info("%s", self.backends.line(self.model))
@@ -99,8 +91,8 @@ class ModelRunner:
                                        scratch_block, self.device)
         self.graphs = None
         # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
-        if (self.device.type == "cuda" and self.attention == "paged" and plain and not config.enforce_eager
-                and tp is None):
+        if (self.device.type == "cuda" and self.backends.attention.layout == "paged" and self.backends.attention.plain
+                and not config.enforce_eager and tp is None):
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
@@ -159,16 +151,16 @@ class ModelRunner:
             raise ValueError("the KV cache memory holds no block; raise kv_cache_memory_gb")
         return blocks
 
-    def _allocate_kv_cache(self, config: EngineConfig, plain: bool) -> int | None:
-        """self.cache in the layout backends.attention_layout chose; the scratch block of padding rows (paged only)."""
+    def _allocate_kv_cache(self, config: EngineConfig) -> int | None:
+        """self.cache in the layout and with the kernel the backends chose; the scratch block of
+        padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
         cache_args = (mc.num_hidden_layers, self.model.config.num_key_value_heads, mc.head_dim)
-        if self.attention == "paged":
+        if self.backends.attention.layout == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
-            # Triton's kernel attends plainly; the reference path over the pages takes any attention.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
                                       max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      use_triton=None if plain else False)
+                                      kernel=self.backends.attention.kernel)
             return self.num_blocks
         self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
                              max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
@@ -272,20 +264,6 @@ class ModelRunner:
         if not constrained:
             return None
         return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained])
-
-
-def _use_triton_ops(model: LlamaForCausalLM) -> None:
-    """A half-precision model's norms, rotary and SiLU-and-multiply through Triton (model/gpu/triton_ops.py),
-    where triton is installed; PyTorch's ops otherwise, or with TAILRACE_TRITON_OPS=0 (as
-    TAILRACE_CPU_KERNELS=0 for the CPU kernels: for a same-run comparison or a suspected kernel)."""
-    if not envs.enabled("TAILRACE_TRITON_OPS"):
-        return
-    try:
-        from tailrace.model.gpu import triton_ops
-    except ImportError:
-        return
-    if model.dtype in triton_ops.TRITON_DTYPES:
-        triton_ops.use_triton_ops(model)
 
 
 def _return_freed_heap() -> None:

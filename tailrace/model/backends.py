@@ -2,11 +2,13 @@
 
 `prepare` is the one entry: `select` decides, from the device, the CPU, the model's dtype and
 shape and how its weights loaded: the kernel build (ISA), whether projections are packed for
-tailrace's kernels (or oneDNN), the elementwise kernels, the routers, huge pages. `cpu_ops.apply`
-carries that out and decides nothing; `settle_fused` then says whether every part the
-whole-forward loop calls ended up on its kernels, naming the first part that did not. The runner adds the attention kernel its KV
-cache took (`attention`). Each choice short of the best this machine could run carries its
-reason in `not_taken`, which `record()` and `line()` put in the log, /metrics and /v1/models.
+tailrace's kernels (or oneDNN), the elementwise kernels (tailrace's on CPU, Triton's on CUDA),
+the routers, huge pages, and the KV layout and attention kernel (`choose_attention`).
+`cpu_ops.apply` carries that out and decides nothing; `settle_fused` then says whether every part
+the whole-forward loop calls ended up on its kernels, naming the first part that did not. The
+runner allocates the KV cache as chosen. Each choice short of the best this machine could run
+carries its reason in `not_taken`, which `record()` and `line()` put in the log, /metrics and
+/v1/models.
 
 With `strict` (`--strict-backends`), a CPU model that would run any part on PyTorch's slower
 paths does not start: the error names each reason.
@@ -14,13 +16,15 @@ paths does not start: the error names each reason.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from tailrace.model.attention.kv_cache import KVCache
-from tailrace.model.attention.paged import PagedKVCache
+from tailrace import envs
+from tailrace.model.attention.kv_cache import plain_attention
+from tailrace.model.attention.paged import native_takes
 from tailrace.model.cpu import bf16_linear, int_linear, kernels as cpu_kernels, ops as cpu_ops
 from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
 from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
@@ -32,6 +36,8 @@ from tailrace.model.decoder.llama import DecoderLayer, Embedding, LlamaForCausal
 log = logging.getLogger("tailrace.backends")
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+TRITON_OPS_DTYPES = (torch.bfloat16, torch.float16)  # a float32 CUDA model keeps PyTorch's reference ops
+KERNEL_NAMES = {"tailrace": "tailrace", "triton": "Triton", "pytorch": "PyTorch"}
 # The projections the whole-forward loop runs at each dtype.
 FUSED_PROJECTIONS = {torch.bfloat16: (Bf16Linear, IntLinear), torch.float32: (Float32Linear,)}
 
@@ -48,20 +54,17 @@ class Backends:
     pack_linears: bool  # float projections packed (tailrace's kernel, else oneDNN)
     pack_routers: bool
     huge_pages: bool
-    kernel_elementwise: bool  # norms, rotary, activations and expert routing on tailrace's kernels
+    elementwise: str  # norms, rotary, activations (and on CPU expert routing): "tailrace", "triton" or "pytorch"
+    attention: Attention
     fused: bool = False  # the whole forward in one kernel call
-    attention: str = ""  # set by the runner once its KV cache exists
     not_taken: dict[str, str] = field(default_factory=dict)  # choice -> why the better path is not taken
 
     def record(self, model: LlamaForCausalLM) -> dict[str, str]:
         """Every choice by name, as text, for the log, /metrics and /v1/models."""
         out = {"device": self.device, "dtype": self.dtype, "isa": self.isa,
                "projections": _projections(model), "embedding": type(model.model.embed_tokens).__name__,
-               "elementwise": ("tailrace" if self.kernel_elementwise
-                               else "triton" if self.device.startswith("cuda") and _triton_ops(model) else "pytorch"),
+               "elementwise": self.elementwise, "attention": str(self.attention),
                "fused_forward": "yes" if self.fused else "no"}
-        if self.attention:  # known once the runner's KV cache exists
-            out["attention"] = self.attention
         out.update({f"{name} not taken": why for name, why in self.not_taken.items()})
         return out
 
@@ -76,8 +79,9 @@ class Backends:
 
 
 def select(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
-           huge_pages: bool = True) -> Backends:
-    """What `cpu_ops.apply` carries out on this loaded model."""
+           huge_pages: bool = True, attention: str = "auto") -> Backends:
+    """What `cpu_ops.apply` and the runner carry out on this loaded model; `attention` as asked
+    (--attention: auto, paged or slab)."""
     build = cpu_kernels.build() if device.type == "cpu" else None
     isa = build.isa if build is not None and build.module is not None else "none"
     not_taken: dict[str, str] = {}
@@ -94,32 +98,71 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
     elementwise, why = _elementwise(model, device, build)
     if why:
         not_taken["elementwise kernels"] = why
+    chosen = choose_attention(attention, str(device), model.dtype, model.config.head_dim, is_plain(model))
+    if chosen.not_taken is not None:
+        not_taken[f"attention on {'Triton' if device.type == 'cuda' else 'tailrace'}'s kernel"] = chosen.not_taken
     return Backends(device=str(device), dtype=str(model.dtype).removeprefix("torch."), isa=isa, pack_linears=pack,
                     pack_routers=device.type == "cpu", huge_pages=device.type == "cpu" and huge_pages,
-                    kernel_elementwise=elementwise, not_taken=not_taken)
+                    elementwise=elementwise, attention=chosen, not_taken=not_taken)
 
 
-def attention_layout(attention: str, device: str, plain: bool = True) -> str:
-    """"auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own
-    kernel on CPUs with AVX512 or AVX2 (model/cpu/kernels.py). Elsewhere on CPU it is the slot slab,
-    which measured faster there than PyTorch ops over the pages, for a model whose attention is
-    `plain` (attention.plain_attention); the slab takes no other, so the pages serve the rest."""
-    if attention == "auto":
-        return "paged" if device.startswith("cuda") or cpu_kernels.kernels() is not None or not plain else "slab"
-    if attention == "slab" and not plain:
+@dataclass(frozen=True, slots=True)
+class Attention:
+    layout: str  # of the KV cache: "paged" or "slab"
+    kernel: str  # what attends: "tailrace", "triton" or "pytorch"
+    plain: bool  # every layer attends every position at head_dim ** -0.5 (what CUDA graphs capture)
+    not_taken: str | None = None  # why not the device's own kernel
+
+    def __str__(self) -> str:
+        return f"{self.layout} ({KERNEL_NAMES[self.kernel]})"
+
+
+def is_plain(model: LlamaForCausalLM) -> bool:
+    """Whether every layer's attention is plain (attention.plain_attention)."""
+    return all(plain_attention(layer.self_attn.how, model.config.head_dim) for layer in model.model.layers)
+
+
+def choose_attention(asked: str, device: str, dtype: torch.dtype, head_dim: int, plain: bool = True) -> Attention:
+    """The KV layout and the attention kernel, for `asked` (--attention: auto, paged or slab).
+    "auto" is paged attention: the Triton kernel over block tables on CUDA, tailrace's own kernel
+    on CPUs with AVX512 or AVX2 (model/cpu/kernels.py). Elsewhere on CPU it is the slot slab, which
+    measured faster there than PyTorch ops over the pages, for a `plain` model; the slab takes no
+    other, so the pages serve the rest. Triton's kernel attends plainly; the PyTorch reference over
+    the pages takes any attention."""
+    on_cuda = device.startswith("cuda")
+    built = not on_cuda and cpu_kernels.kernels() is not None
+    if asked == "slab" and not plain:
         raise ValueError("--attention slab attends every position at head_dim ** -0.5, and this model's attention "
                          "uses sliding windows, another scale or a soft cap: use --attention paged (or auto)")
-    return attention
+    layout = ("paged" if on_cuda or built or not plain else "slab") if asked == "auto" else asked
+    if layout == "slab":
+        return Attention(layout, "pytorch", plain,
+                         "--attention slab was asked for" if asked == "slab" else "no kernel build")
+    if on_cuda:
+        if not plain:
+            return Attention(layout, "pytorch", plain, "the model attends with windows, another scale or a soft cap")
+        return (Attention(layout, "triton", plain) if _triton_installed()
+                else Attention(layout, "pytorch", plain, "triton is not installed"))
+    if not built:
+        return Attention(layout, "pytorch", plain, "no kernel build")
+    if not native_takes(dtype, head_dim):
+        return Attention(layout, "pytorch", plain,
+                         "the kernel takes float32 or bfloat16 with head_dim a multiple of 16 up to 256")
+    return Attention(layout, "tailrace", plain)
 
 
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
-            huge_pages: bool = True) -> Backends:
+            huge_pages: bool = True, *, attention: str = "auto") -> Backends:
     """Choose the backends for a loaded model and put them in place; what was chosen, and why not
     the rest. `huge_pages` off leaves the weights where packing put them (bench/decode_step.py's
     baseline)."""
-    backends = select(model, device, quantization, huge_pages)
+    backends = select(model, device, quantization, huge_pages, attention)
     cpu_ops.apply(model, pack=backends.pack_linears, routers=backends.pack_routers, huge_pages=backends.huge_pages,
-                  elementwise=backends.kernel_elementwise)
+                  elementwise=backends.elementwise == "tailrace")
+    if backends.elementwise == "triton":
+        from tailrace.model.gpu import triton_ops  # imports triton: only where it runs
+
+        triton_ops.use_triton_ops(model)
     settle_fused(backends, model)
     if backends.fused:
         model.model.fused_forward = cpu_ops.FusedForward(model)
@@ -127,45 +170,42 @@ def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | N
 
 
 def _elementwise(model: LlamaForCausalLM, device: torch.device,
-                 build: cpu_kernels.Build | None) -> tuple[bool, str | None]:
-    """Whether the elementwise kernels run this model: on the CPU, at a dtype they take, with
-    head_dim a multiple of 32 (the rotary kernel's runs of 16 lanes never straddle the half-way roll)."""
+                 build: cpu_kernels.Build | None) -> tuple[str, str | None]:
+    """Which kernels run the model's norms, rotary and activations. On the CPU, tailrace's, at a
+    dtype they take, with head_dim a multiple of 32 (the rotary kernel's runs of 16 lanes never
+    straddle the half-way roll). On CUDA, Triton's for a half-precision model where triton is
+    installed, unless TAILRACE_TRITON_OPS=0 (as TAILRACE_CPU_KERNELS=0 for the CPU kernels: for a
+    same-run comparison or a suspected kernel)."""
+    if device.type == "cuda":
+        if model.dtype not in TRITON_OPS_DTYPES:
+            return "pytorch", None  # float32 on CUDA is the reference the GPU path is checked against
+        if not envs.enabled("TAILRACE_TRITON_OPS"):
+            return "pytorch", "TAILRACE_TRITON_OPS=0"
+        return ("triton", None) if _triton_installed() else ("pytorch", "triton is not installed")
     if device.type != "cpu":
-        return False, None
+        return "pytorch", None
     if build is None or build.module is None:
-        return False, "no kernel build"
+        return "pytorch", "no kernel build"
     if model.dtype not in KERNEL_DTYPES:
-        return False, f"dtype {model.dtype} (the kernels take float32 and bfloat16)"
+        return "pytorch", f"dtype {model.dtype} (the kernels take float32 and bfloat16)"
     if model.config.head_dim % 32:
-        return False, f"head_dim {model.config.head_dim} is not a multiple of 32"
-    return True, None
+        return "pytorch", f"head_dim {model.config.head_dim} is not a multiple of 32"
+    return "tailrace", None
+
+
+def _triton_installed() -> bool:
+    """Without importing it: triton alone is 52 MB of a process's RSS."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def settle_fused(backends: Backends, model: LlamaForCausalLM) -> None:
     """After the choices are applied: whether the whole forward runs as one kernel call."""
-    if not backends.kernel_elementwise:
+    if backends.elementwise != "tailrace":
         return  # said already
     why = _not_fusable(model)
     backends.fused = why is None
     if why is not None:
         backends.not_taken["fused forward"] = why
-
-
-def settle_attention(backends: Backends, cache: KVCache | PagedKVCache) -> None:
-    """The attention the runner's KV cache runs (its layout as attention_layout chose it)."""
-    if not isinstance(cache, PagedKVCache):
-        backends.attention = "slab (PyTorch)"
-    elif cache.use_triton:
-        backends.attention = "paged (Triton)"
-    elif cache.runs_native_kernel:
-        backends.attention = "paged (tailrace)"
-    else:
-        backends.attention = "paged (PyTorch)"
-    if backends.device == "cpu" and backends.attention != "paged (tailrace)":
-        backends.not_taken["attention on tailrace's kernel"] = (
-            "no kernel build" if backends.isa == "none" else "--attention slab was asked for"
-            if not isinstance(cache, PagedKVCache)
-            else "the kernel takes float32 or bfloat16 with head_dim a multiple of 16 up to 256")
 
 
 def _not_fusable(model: LlamaForCausalLM) -> str | None:
@@ -229,6 +269,3 @@ def _projections(model: LlamaForCausalLM) -> str:
             " (AVX512-BF16)" if ops.bf16_dot_active() else " (float32 FMA pairs)")
     return described
 
-
-def _triton_ops(model: LlamaForCausalLM) -> bool:
-    return any(type(m).__module__.endswith("triton_ops") for m in model.modules())

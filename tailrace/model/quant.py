@@ -27,11 +27,12 @@ from torch import nn
 
 from tailrace.model.cpu import int_linear
 from tailrace.model.decoder.llama import LlamaForCausalLM, Module, replace_projections
-from tailrace.model.loading.mxfp4 import FP4_VALUES
 
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZE = 32  # GGUF's block size, so its blocks map one to one
-# The 16 E2M1 codes' values doubled: whole numbers, which integer kernels multiply exactly.
+# The 16 E2M1 codes' values (MXFP4's, model/loading/mxfp4.py), the sign in bit 3.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# The same doubled: whole numbers, which integer kernels multiply exactly.
 E2M1_DOUBLED = torch.tensor(FP4_VALUES) * 2
 _INT4_OUT_TILE = 16
 _ACT_DTYPE = torch.bfloat16

@@ -63,6 +63,18 @@ class AttentionBatch:
 
 
 @dataclass(slots=True)
+class PagedAttentionMetadata:
+    """A step's batch as paged attention reads it (PagedKVCache.begin sends it to the device once)."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int32: sequence i owns rows [loc[i], loc[i + 1]) of q
+    seq_lens: torch.Tensor  # [B] int32: K/V length after this step, the new tokens included
+    block_tables: torch.Tensor  # [B, max_blocks] int32 (any strides): the physical block of each logical block
+    block_size: int
+    max_query_len: int  # at least the longest chunk; the Triton grid is sized by it
+    num_seqs: int  # B, padding sequences (no query rows, seq_len 0) included
+
+
+@dataclass(slots=True)
 class _Prefill:
     slot: int
     q_start: int

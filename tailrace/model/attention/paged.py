@@ -4,22 +4,23 @@ CPUs with AVX512 or AVX2.
 `PagedKVCache` has the public interface of `attention.KVCache`, without its slot slab: nothing
 is copied out of the pages. Each step, `begin` sends the batch's metadata (where each sequence's
 rows start, its K/V length, its block table) to the device in one copy, into tensors that keep
-their addresses for CUDA graphs. Attention then runs the Triton kernel on CUDA, tailrace's own
-kernel on CPUs with AVX512 or AVX2 (csrc/paged_attention.cpp: each position's attention is one fixed
-computation, the same bits in any batch, chunking or thread count), or
-`paged_attention_reference` (plain PyTorch, one SDPA call per sequence) where neither can run.
+their addresses for CUDA graphs. Attention then runs the kernel model/backends.py chose: the
+Triton kernel on CUDA, tailrace's own kernel on CPUs with AVX512 or AVX2
+(csrc/paged_attention.cpp: each position's attention is one fixed computation, the same bits in any
+batch, chunking or thread count), or `paged_attention_reference` (plain PyTorch, one SDPA call per
+sequence).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, SeqSlice, new_pages,
-                                               plain_attention)
+from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, PagedAttentionMetadata,
+                                               SeqSlice, new_pages, plain_attention)
 from tailrace.model.cpu.kernels import kernels
 
 
@@ -31,14 +32,19 @@ def _triton_attention() -> ModuleType:
     return triton_attention
 
 
-@dataclass(slots=True)
-class PagedAttentionMetadata:
-    query_start_loc: torch.Tensor  # [B + 1] int32: sequence i owns rows [loc[i], loc[i + 1]) of q
-    seq_lens: torch.Tensor  # [B] int32: K/V length after this step, the new tokens included
-    block_tables: torch.Tensor  # [B, max_blocks] int32 (any strides): the physical block of each logical block
-    block_size: int
-    max_query_len: int  # at least the longest chunk; the Triton grid is sized by it
-    num_seqs: int  # B, padding sequences (no query rows, seq_len 0) included
+ATTENTION_KERNELS = ("tailrace", "triton", "pytorch")
+
+
+def native_takes(dtype: torch.dtype, head_dim: int) -> bool:
+    """The shapes tailrace's CPU attention kernel is built for."""
+    return dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256
+
+
+def _native_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> Callable[..., torch.Tensor]:
+    ops = kernels() if device.type == "cpu" else None
+    if ops is None or not native_takes(dtype, head_dim):
+        raise ValueError(f"tailrace's attention kernel does not run {dtype} with head_dim {head_dim} on {device}")
+    return ops.paged_attention
 
 
 def paged_attention_reference(
@@ -100,8 +106,9 @@ class PagedKVCache:
 
     Memory: `num_blocks * bytes_per_block(...)`, plus int32 metadata for max_seqs sequences of up
     to max_model_len tokens (twice, pinned on the host and on the device, when on CUDA).
-    use_triton: None runs the Triton kernel when the device is CUDA and triton imports; True
-    forces it (on CPU that needs TRITON_INTERPRET=1 set before tailrace imports triton).
+    kernel: what attends, as model/backends.py chose it: "tailrace" (the CPU kernel,
+    csrc/paged_attention.cpp, for what `native_takes`), "triton" (CUDA; on CPU it needs
+    TRITON_INTERPRET=1 set before tailrace imports triton) or "pytorch" (the reference, any attention).
     """
 
     bytes_per_block = staticmethod(KVCache.bytes_per_block)  # the same pages, and no slab on top
@@ -117,7 +124,7 @@ class PagedKVCache:
         device: str | torch.device = "cpu",
         max_seqs: int = 64,
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
-        use_triton: bool | None = None,
+        kernel: str = "pytorch",
     ) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -130,13 +137,11 @@ class PagedKVCache:
         self.max_model_len = max_model_len or num_blocks * block_size
         # A table never holds more blocks than the cache has, however long the context may be.
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
-        if use_triton is None:
-            use_triton = self.device.type == "cuda" and _triton_attention().triton_available()
-        self.use_triton = use_triton
-        self._triton_kernel = _triton_attention().paged_attention_triton if use_triton else None
-        takes = dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256
-        native = kernels() if self.device.type == "cpu" and not self.use_triton and takes else None
-        self._native_attention = None if native is None else native.paged_attention
+        self.kernel = kernel
+        self._triton_kernel = _triton_attention().paged_attention_triton if kernel == "triton" else None
+        self._native_attention = _native_kernel(self.device, dtype, head_dim) if kernel == "tailrace" else None
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"unknown attention kernel {kernel!r}; known: {', '.join(ATTENTION_KERNELS)}")
         self.scale = head_dim**-0.5
         self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
         self._allocate_metadata()
@@ -195,7 +200,7 @@ class PagedKVCache:
             return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
                                           meta.block_tables, self.block_size, meta.num_seqs, how.scale,
                                           how.window or 0, how.softcap or 0.0, sinks)
-        if not self.use_triton:
+        if self._triton_kernel is None:
             return paged_attention_reference(q, self.k[layer], self.v[layer], meta, how, sinks)
         if not plain_attention(how, self.head_dim):
             raise ValueError(f"the Triton attention kernel does not take {how}")
@@ -208,11 +213,6 @@ class PagedKVCache:
         if self.metadata is None or batch is not self._batch:
             raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
         return self.metadata
-
-    @property
-    def runs_native_kernel(self) -> bool:
-        """Attention runs tailrace's CPU kernel (csrc/paged_attention.cpp)."""
-        return self._native_attention is not None
 
     def release(self, key: int) -> None:
         """Nothing to free: no state is kept per sequence, its block table comes with every step."""

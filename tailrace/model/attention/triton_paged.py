@@ -25,7 +25,7 @@ except ImportError:
     triton = None
 
 if TYPE_CHECKING:
-    from tailrace.model.attention.paged import PagedAttentionMetadata
+    from tailrace.model.attention.kv_cache import PagedAttentionMetadata
 
 _HEAD_DIMS = (32, 64, 128)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)

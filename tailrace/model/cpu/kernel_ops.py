@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tailrace.model.attention.kv_cache import LayerAttention
+from tailrace.model.attention.kv_cache import LayerAttention, PagedAttentionMetadata
+from tailrace.model.attention.paged import paged_attention_reference
 from tailrace.model.cpu.bf16_linear import pack, pack_float32, padded
 from tailrace.model.cpu.int_linear import BLOCK, pack_codes, pack_scales
 from tailrace.model.decoder.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
                                           swiglu_oai_and_mul)
-from tailrace.model.attention.paged import PagedAttentionMetadata, paged_attention_reference
 from tailrace.model.quant import quantize_int4, quantize_int8
 
 Inputs = dict[str, Any]

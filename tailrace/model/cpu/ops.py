@@ -114,7 +114,7 @@ class FusedForward:
 
     def takes(self, cache: KVCache | PagedKVCache) -> bool:
         """Attention read from the pages by tailrace's kernel, at the model's dtype."""
-        return isinstance(cache, PagedKVCache) and cache.runs_native_kernel and cache.dtype == self.dtype
+        return isinstance(cache, PagedKVCache) and cache.kernel == "tailrace" and cache.dtype == self.dtype
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                  cache: PagedKVCache, rows: list[int] | None = None) -> torch.Tensor:

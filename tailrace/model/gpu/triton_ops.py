@@ -8,9 +8,9 @@ its output once, with the reference implementation's arithmetic in float32 and i
 (the casts back to the model's dtype where llama.py's modules make them); only the order of the
 norm's sum and the hardware's exp and rsqrt may differ, by float32 ulps (tests/test_triton_ops.py).
 
-Used for bfloat16 and float16 models: a float32 model on CUDA keeps PyTorch's ops, so the CUDA
-path's greedy parity with the CPU path (tests/test_gpu.py) is checked on the reference modules.
-Imported only where it may run (triton is not part of the CPU install).
+Used for bfloat16 and float16 models (model/backends.py): a float32 model on CUDA keeps PyTorch's
+ops, so the CUDA path's greedy parity with the CPU path (tests/test_gpu.py) is checked on the
+reference modules. Imported only where it may run (triton is not part of the CPU install).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import triton.language as tl
 
 from tailrace.model.decoder.llama import LlamaForCausalLM, Module, RMSNorm, gelu_tanh_and_mul, replace_elementwise
 
-TRITON_DTYPES = (torch.bfloat16, torch.float16)
 _SILU_BLOCK = 1024  # output columns per program
 
 

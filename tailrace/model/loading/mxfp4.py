@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-# The 16 E2M1 codes' values, the sign in bit 3.
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
+from tailrace.model.quant import FP4_VALUES
 
 _LARGEST_EXPONENT = 143  # a scale of 2^15 once halved (e2m1_codes): float16's largest power of two
 

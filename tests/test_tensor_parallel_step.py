@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tailrace.engine.step_inputs import StepInputs
-from tailrace.engine.tp_step import decode_step, encode_step
+from tailrace.engine.tensor_parallel.step import decode_step, encode_step
 from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
 
 

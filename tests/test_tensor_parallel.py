@@ -166,11 +166,11 @@ def test_a_model_the_ranks_cannot_split_is_refused_before_any_worker_starts(chec
 
 
 def test_fewer_gpus_than_ranks_are_refused_before_any_worker_starts(embedded_model, monkeypatch):
-    from tailrace.engine import tp_workers
+    from tailrace.engine.tensor_parallel import group
 
-    monkeypatch.setattr(tp_workers, "_device_type", lambda config: "cuda")
+    monkeypatch.setattr(group, "device_type", lambda config: "cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(tp_workers, "_spawn", None)  # starting a worker would fail the test another way
+    monkeypatch.setattr(group, "_spawn", None)  # starting a worker would fail the test another way
     with pytest.raises(ValueError, match="needs one GPU per rank; CUDA sees 1"):
         EngineCore(EngineConfig(model=embedded_model, tensor_parallel_size=2))
 
@@ -181,7 +181,7 @@ def test_a_worker_that_dies_while_the_core_idles_ends_the_core_with_a_message_na
                             daemon=True)
     core.start()
     assert isinstance(from_core_decoder.decode(ours.recv_bytes()), ReadyMsg)
-    worker, = [pid for pid in children() if b"tp_workers" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    worker, = [pid for pid in children() if b"tensor_parallel.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     os.kill(worker, signal.SIGKILL)
     assert ours.poll(5), "the idle core did not notice"
     fatal = from_core_decoder.decode(ours.recv_bytes())

@@ -1,4 +1,5 @@
-"""One concurrency level of `tailrace bench serve` split over several client processes.
+"""Every concurrency level of `tailrace bench serve` against one server (`run_benchmark`), each in
+this process or split over several client processes (`run_level_processes`).
 
 One asyncio process reading SSE through httpx spends about 120-150 us of CPU a streamed token, so
 past about 7,000 tokens/s it is the client, not the server, that sets the figure: on the H200 the
@@ -17,7 +18,8 @@ import queue
 from typing import Any
 
 from tailrace.bench.records import LevelResult
-from tailrace.bench.serve import BenchError, LoadConfig, Workload, open_client, run_level
+from tailrace.bench.serve import (BenchError, LoadConfig, Workload, build_workload, first_model, open_client,
+                                  run_level, warm_up)
 
 START_TIMEOUT_S = 120.0  # a child imports tailrace (and torch) before it can start
 
@@ -82,3 +84,16 @@ def _run_shard(config: LoadConfig, model: str, workload: Workload, concurrency: 
     for record in level.records:
         record.index = indices[record.index]
     results.put(level)
+
+
+async def run_benchmark(config: LoadConfig) -> tuple[str, Workload, list[LevelResult]]:
+    """Every concurrency level against one server: (model name, prompts, levels)."""
+    async with open_client(config) as client:
+        model = config.model or await first_model(client, config)
+        workload = await build_workload(client, config, model)
+        await warm_up(client, config, model, workload.prompts[0])
+        levels = [await run_level(client, config, model, workload, c) if config.processes == 1
+                  else await asyncio.to_thread(run_level_processes, config, model, workload, c)
+                  for c in config.concurrency]
+    return model, workload, levels
+

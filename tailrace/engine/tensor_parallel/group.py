@@ -1,11 +1,11 @@
 """Tensor-parallel ranks: the torch.distributed process group, the worker processes the engine core
-starts, and each step's way from rank 0 to them.
+starts (worker.py), and each step's way from rank 0 to them (step.py).
 
 The engine core is rank 0: it schedules, runs its part of the model and samples. It starts ranks
 1..N-1 as processes of their own (`python -c ...main()`: the core may itself be a daemon process,
 which multiprocessing does not let have children), and all N join one group over a TCPStore on
 loopback: `gloo` on CPU, `nccl` on CUDA. A worker loads its part of the model and then loops: take
-the step rank 0 broadcasts (tp_step), run the forward, join the collectives, until rank 0 says stop.
+the step rank 0 broadcasts (step.py), run the forward, join the collectives, until rank 0 says stop.
 
 Faults. Each worker holds the write end of a pipe whose read end rank 0 watches (`sentinels`): the
 pipe reads EOF the moment the worker exits, so an idle core learns of a death while it waits for
@@ -20,36 +20,27 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from tailrace.engine.config import EngineConfig, resolve_device
 from tailrace.engine.step_inputs import StepInputs
-from tailrace.engine.tp_step import FollowStep, decode_step, encode_step
-from tailrace.heap import freeze_startup_objects
-from tailrace.logs import configure_logging
+from tailrace.engine.tensor_parallel.step import FollowStep, decode_step, encode_step
 from tailrace.model.loading.loader import load_model_config
 from tailrace.model.loading.tp_shard import Shard, check_shardable
 
-if TYPE_CHECKING:
-    from tailrace.engine.model_runner import ModelRunner
-
 log = logging.getLogger("tailrace.engine")
 
-_HOST = "127.0.0.1"
-_NO_TIMEOUT = timedelta(days=365)
-_JOIN_TIMEOUT = timedelta(seconds=60)  # a worker's wait for rank 0's store
+HOST = "127.0.0.1"
+NO_TIMEOUT = timedelta(days=365)
 _START_POLL_S = 0.05  # rank 0 checks for a worker that died before joining this often
 _STOP_GRACE_S = 5.0
 _STEP, _STOP = 1, 2
@@ -183,19 +174,19 @@ def start_ranks(config: EngineConfig) -> TensorParallel:
     ranks cannot split, or fewer GPUs than ranks, is refused before any worker starts."""
     size = config.tensor_parallel_size
     check_shardable(load_model_config(config.model_path), size)
-    device_type = _device_type(config)
-    if device_type == "cuda" and torch.cuda.device_count() < size:
+    kind = device_type(config)
+    if kind == "cuda" and torch.cuda.device_count() < size:
         raise ValueError(f"tensor_parallel_size {size} needs one GPU per rank; CUDA sees "
                          f"{torch.cuda.device_count()}")
-    store = dist.TCPStore(_HOST, 0, size, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore(HOST, 0, size, is_master=True, wait_for_workers=False)
     workers: list[_Worker] = []
-    tp = TensorParallel(0, size, device_type, workers)
+    tp = TensorParallel(0, size, kind, workers)
     try:
         for rank in range(1, size):
             workers.append(_spawn(WorkerArgs(config, rank, size, store.port, logging.getLogger().getEffectiveLevel())))
         for w in workers:
             _wait_joined(store, w)
-        dist.init_process_group(tp.backend, store=store, rank=0, world_size=size, timeout=_NO_TIMEOUT)
+        dist.init_process_group(tp.backend, store=store, rank=0, world_size=size, timeout=NO_TIMEOUT)
     except BaseException:
         tp.kill()
         raise
@@ -203,13 +194,13 @@ def start_ranks(config: EngineConfig) -> TensorParallel:
     return tp
 
 
-def _device_type(config: EngineConfig) -> str:
+def device_type(config: EngineConfig) -> str:
     return torch.device(resolve_device(config.device, torch.cuda.is_available())).type
 
 
 def _spawn(args: WorkerArgs) -> _Worker:
     read_end, write_end = os.pipe()
-    process = subprocess.Popen([sys.executable, "-c", "from tailrace.engine.tp_workers import main; main()"],
+    process = subprocess.Popen([sys.executable, "-c", "from tailrace.engine.tensor_parallel.worker import main; main()"],
                                stdin=subprocess.PIPE, pass_fds=(write_end,))
     os.close(write_end)  # the worker holds the only write end now: EOF here when it exits
     process.stdin.write(pickle.dumps(args))
@@ -225,31 +216,3 @@ def _wait_joined(store: dist.TCPStore, worker: _Worker) -> None:
             raise RuntimeError(f"tensor-parallel rank {worker.rank} exited with status {code} while starting; "
                                "its log above says why")
         time.sleep(_START_POLL_S)
-
-
-def main() -> None:
-    """A worker process: its arguments arrive pickled on stdin from rank 0, its parent."""
-    args: WorkerArgs = pickle.load(sys.stdin.buffer)
-    configure_logging(args.log_level)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # like the core: stopped by rank 0, not by Ctrl+C
-    sys.exit(run_worker(args))
-
-
-def run_worker(args: WorkerArgs) -> int:
-    """Join the group, load this rank's part of the model, follow rank 0's steps; the exit status."""
-    from tailrace.engine.model_runner import ModelRunner  # the runner imports this module
-
-    store = dist.TCPStore(_HOST, args.port, args.size, is_master=False, timeout=_JOIN_TIMEOUT)
-    store.set(f"joined/{args.rank}", "1")
-    tp = TensorParallel(args.rank, args.size, _device_type(args.config))
-    dist.init_process_group(tp.backend, store=store, rank=args.rank, world_size=args.size, timeout=_NO_TIMEOUT)
-    try:
-        runner: ModelRunner = ModelRunner(args.config, tp)
-        freeze_startup_objects()
-        while (step := tp.receive_step(runner.device)) is not None:
-            runner.follow(step)
-    except Exception:
-        log.error("tensor-parallel rank %d failed:\n%s", args.rank, traceback.format_exc())
-        return 1
-    dist.destroy_process_group()
-    return 0
