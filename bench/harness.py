@@ -61,11 +61,14 @@ class Server:
 class ServerProcess(Server):
     """`tailrace serve` on a free loopback port with an API key; a context manager that always stops it."""
 
-    def __init__(self, log_path: Path, *flags: str, model: str | None = None) -> None:
+    def __init__(self, log_path: Path, *flags: str, model: str | None = None, via_bin_serve: bool = False) -> None:
+        """via_bin_serve: started as the README says (bin/serve, which sets up and then execs the
+        server, so the server is the process started here)."""
         self.port = free_port()
         super().__init__(f"http://127.0.0.1:{self.port}")
         self.log_path = log_path
-        command = [sys.executable, "-m", "tailrace", "serve", *([model] if model else []), "--port", str(self.port),
+        launcher = [str(REPO / "bin" / "serve")] if via_bin_serve else [sys.executable, "-m", "tailrace", "serve"]
+        command = [*launcher, *([model] if model else []), "--port", str(self.port),
                    "--api-key", API_KEY, "--served-model-name", MODEL, *flags]
         with open(log_path, "wb") as log:
             # Its own process group, so a test can signal the group as a terminal's Ctrl+C does.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 import threading
@@ -18,6 +19,7 @@ from tailrace.engine.core_process import (
 )
 from tailrace.engine.output_processor import OutputProcessor
 from tailrace.engine.stats import EngineStats
+from tailrace.engine.stop_signals import blocked_while_starting
 from tailrace.outputs import RequestOutput
 from tailrace.sampling_params import SamplingParams
 from tailrace.tokenizer import Tokenizer, load_tokenizer
@@ -60,6 +62,7 @@ class Core:
         if isinstance(self.worker, multiprocessing.process.BaseProcess):
             self.worker.kill()
             self.worker.join()
+            atexit.unregister(self.worker.kill)
 
 
 def start_core(config: EngineConfig) -> Core:
@@ -74,8 +77,13 @@ def start_core(config: EngineConfig) -> Core:
         worker = multiprocessing.get_context("spawn").Process(
             target=run_core_process, args=(config, child, logging.getLogger().getEffectiveLevel()),
             daemon=True, name="tailrace-engine-core")
-        worker.start()
+        with blocked_while_starting():
+            worker.start()
         child.close()  # so the pipe reports EOF when the core process dies
+        # The core ignores SIGTERM, which multiprocessing's exit handler would send it and then
+        # wait: a process that exits without shutting the engine down kills it instead (atexit
+        # runs the handlers registered last first).
+        atexit.register(worker.kill)
     return Core(worker, conn)
 
 
@@ -241,5 +249,7 @@ class EngineClient:
         self._conn = None
         worker = self._worker
         await asyncio.get_running_loop().run_in_executor(None, worker.join, 10)
-        if isinstance(worker, multiprocessing.process.BaseProcess) and worker.is_alive():
-            worker.kill()
+        if isinstance(worker, multiprocessing.process.BaseProcess):
+            if worker.is_alive():
+                worker.kill()
+            atexit.unregister(worker.kill)

@@ -7,7 +7,6 @@ the model's core; `run_core` runs on a thread just as well (in-process mode).
 from __future__ import annotations
 
 import logging
-import signal
 import traceback
 from multiprocessing.connection import Connection, wait
 
@@ -16,6 +15,7 @@ import msgspec
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
 from tailrace.engine.stats import EngineStats
+from tailrace.engine.stop_signals import ignore_in_child
 from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
 
@@ -73,11 +73,11 @@ from_core_decoder = msgspec.msgpack.Decoder(FromCore)
 
 def run_core_process(config: EngineConfig, conn: Connection, log_level: int = logging.INFO) -> None:
     """`run_core` as the core's own process, logging at the API process's level and in its format.
-    A terminal's Ctrl+C goes to the whole foreground process group: the core ignores it, so it keeps
-    serving the streams that the API process's graceful shutdown lets finish, and stops when that
-    process says so or goes away."""
+    It ignores the stop signals a supervisor or a terminal sends the whole process group
+    (stop_signals), so it keeps serving the streams the API process's drain lets finish, and stops
+    when that process says so or goes away."""
+    ignore_in_child()
     configure_logging(log_level)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_core(config, conn)
 
 

@@ -23,8 +23,9 @@ FUZZ_FLAGS = ("--max-tokens", "8", "--max-num-seqs", "16", "--num-kv-blocks", "6
               "--max-prompt-tokens", "900")
 
 
-def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> ServerProcess:
-    server = ServerProcess(tmp_path_factory.mktemp(name) / "server.log", *flags)
+def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str,
+                 via_bin_serve: bool = False) -> ServerProcess:
+    server = ServerProcess(tmp_path_factory.mktemp(name) / "server.log", *flags, via_bin_serve=via_bin_serve)
     try:
         server.wait_healthy()
     except RuntimeError as err:

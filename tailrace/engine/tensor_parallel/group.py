@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from tailrace.engine.config import EngineConfig, resolve_device
 from tailrace.engine.step_inputs import StepInputs
+from tailrace.engine.stop_signals import blocked_while_starting
 from tailrace.engine.tensor_parallel.step import FollowStep, decode_step, encode_step
 from tailrace.model.loading.loader import load_model_config
 from tailrace.model.loading.tp_shard import Shard, check_shardable
@@ -45,6 +46,7 @@ _START_POLL_S = 0.05  # rank 0 checks for a worker that died before joining this
 _STOP_GRACE_S = 5.0
 _STEP, _STOP = 1, 2
 _BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+_WORKER_MAIN = "from tailrace.engine.tensor_parallel.worker import main; main()"
 
 
 @dataclass(slots=True)
@@ -200,8 +202,8 @@ def device_type(config: EngineConfig) -> str:
 
 def _spawn(args: WorkerArgs) -> _Worker:
     read_end, write_end = os.pipe()
-    process = subprocess.Popen([sys.executable, "-c", "from tailrace.engine.tensor_parallel.worker import main; main()"],
-                               stdin=subprocess.PIPE, pass_fds=(write_end,))
+    with blocked_while_starting():
+        process = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE, pass_fds=(write_end,))
     os.close(write_end)  # the worker holds the only write end now: EOF here when it exits
     process.stdin.write(pickle.dumps(args))
     process.stdin.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import signal
 import sys
 import traceback
 from datetime import timedelta
@@ -13,6 +12,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from tailrace.engine.model_runner import ModelRunner
+from tailrace.engine.stop_signals import ignore_in_child
 from tailrace.engine.tensor_parallel.group import HOST, NO_TIMEOUT, TensorParallel, WorkerArgs, device_type
 from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
@@ -24,9 +24,9 @@ _JOIN_TIMEOUT = timedelta(seconds=60)  # a worker's wait for rank 0's store
 
 def main() -> None:
     """A worker process: its arguments arrive pickled on stdin from rank 0, its parent."""
+    ignore_in_child()  # like the core: stopped by rank 0, never by a signal to the process group
     args: WorkerArgs = pickle.load(sys.stdin.buffer)
     configure_logging(args.log_level)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # like the core: stopped by rank 0, not by Ctrl+C
     sys.exit(run_worker(args))
 
 
