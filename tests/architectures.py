@@ -35,3 +35,9 @@ ARCHITECTURES = {name: {"architectures": [cls], "model_type": model_type, **TINY
 def tiny(name: str, **changes: Any) -> dict[str, Any]:
     """The architecture's tiny config with `changes` over it (a copy)."""
     return {**ARCHITECTURES[name], **changes}
+
+
+def hf_names(name: str) -> dict[str, str]:
+    """The architecture's Hugging Face class and model_type, as a bench Shape names them."""
+    cls, model_type, _ = _ROWS[name]
+    return {"architecture": cls, "model_type": model_type}

@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from architectures import hf_names
+
 from tailrace.bench import cli, compare, shapes
 from tailrace.bench.compare import CompareConfig, make_cells, ours_server, peer_settings
 from tailrace.bench.peers import PeerServer, PeerSettings, llamacpp, transformers, vllm
@@ -235,7 +237,7 @@ def test_shapes_of_other_architectures_load_as_their_architecture(tmp_path: Path
 def test_a_gemma_3_shape_lists_a_token_for_every_embedding_row(tmp_path: Path):
     """llama.cpp's Gemma 3 converter keeps as many embedding rows as tokenizer.json lists tokens;
     the rows past the embedded model's own tokens stay zero, so greedy decoding keeps to them."""
-    shape = dataclasses.replace(TINY, name="gemma", architecture="Gemma3ForCausalLM", model_type="gemma3_text",
+    shape = dataclasses.replace(TINY, name="gemma", **hf_names("gemma3"),
                                 extra={"query_pre_attn_scalar": 8, "sliding_window": 4})
     directory = shapes.write_shape(shape, tmp_path)
     listed = json.loads((directory / "tokenizer.json").read_text())
@@ -278,7 +280,7 @@ def test_a_one_layer_gguf_repeated_loads_as_that_many_equal_layers(tmp_path: Pat
 def test_the_gpt_oss_shape_has_gpt_oss_20bs_parameters_and_is_written_as_released(tmp_path: Path):
     count = sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES["gpt-oss-20b"]).values())
     assert 20.9e9 < count < 21.0e9  # gpt-oss-20b's 20.9B
-    tiny = dataclasses.replace(TINY, name="gpt-oss", architecture="GptOssForCausalLM", model_type="gpt_oss",
+    tiny = dataclasses.replace(TINY, name="gpt-oss", **hf_names("gpt_oss"),
                                extra={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
                                       "attention_bias": True, "tie_word_embeddings": False})
     directory = shapes.write_shape(tiny, tmp_path)

@@ -47,8 +47,9 @@ def serve_url() -> Iterator[str]:
 
     from tailrace.ray import build
 
-    # Four replicas of one CPU each on two cores: Ray's CPU count is a reservation, not a measurement.
-    ray.init(num_cpus=2 * len(APPS), include_dashboard=False, object_store_memory=256 * 1024**2,
+    # Four replicas of one CPU each on two cores, and one for the drain test: Ray's CPU count is a
+    # reservation, not a measurement.
+    ray.init(num_cpus=2 * len(APPS) + 1, include_dashboard=False, object_store_memory=256 * 1024**2,
              log_to_driver=False)
     port = _free_port()
     try:
@@ -123,6 +124,29 @@ def test_a_bad_request_gets_the_apis_own_error_through_ray(serve_url: str) -> No
     response = httpx.post(f"{serve_url}/prefix/v1/completions", json={"model": "tiny", "prompt": "x",
                                                                        "max_tokens": -1}, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_replica_that_ray_drains_finishes_its_open_stream(serve_url: str) -> None:
+    """Ray drains the replicas of an app it deletes (as it does a replica it scales down): the stream
+    one of them is serving ends complete, its engine core untouched until the replica is done."""
+    from ray import serve
+
+    from tailrace.ray import build
+
+    serve.run(build({"num_replicas": 1, "threads": 1, "served-model-name": "tiny"}), name="drain",
+              route_prefix="/drain")
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{serve_url}/drain/v1/completions", json=body, timeout=120) as response:
+        lines = (line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: "))
+        events = [next(lines)]
+        serve.delete("drain", _blocking=False)
+        events += list(lines)
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 300
 
 
 def test_replicas_stats_add_up_with_kv_usage_over_all_blocks() -> None:
