@@ -297,8 +297,9 @@ def test_a_rows_attention_is_bitwise_the_same_however_it_is_batched(layout, dtyp
         return cache.attend(0, q, k, v, batch)
 
     def new_cache() -> KVCache:
-        kind = KVCache if layout == "slab" else PagedKVCache
-        return kind(1, kv_heads, head_dim, 64 * 4, block, dtype, max_seqs=4)
+        if layout == "slab":
+            return KVCache(1, kv_heads, head_dim, 64 * 4, block, dtype, max_seqs=4)
+        return PagedKVCache(1, kv_heads, head_dim, 64 * 4, block, dtype, max_seqs=4, kernel="tailrace")
 
     data = {0: tensors(length)} | {i + 1: tensors(n) for i, n in enumerate(neighbours)}
     previous = torch.get_num_threads()
