@@ -22,7 +22,7 @@ from tailrace.model.loading.loader import LOAD_FORMATS
 from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
-from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS
+from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS, resolve_formats
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
 
@@ -129,9 +129,10 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 
 def add_chat_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tool-call-parser", choices=[*TOOL_PARSERS, "auto"], default="auto",
-                        help="the format the model writes tool calls in (llama3_json is vLLM's name for llama3); "
-                             "auto: the one its chat template shows (default: auto)")
+    parser.add_argument("--tool-call-parser", choices=[*TOOL_PARSERS, "auto", "none"], default="auto",
+                        help="the format the model writes tool calls in (vLLM's names); auto: the one its chat "
+                             "template shows; none: only the forms small models drift into (a ```json fence, a bare "
+                             "JSON call, <function=NAME>{...}), which every request with tools reads (default: auto)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="accepted for vLLM's command lines: tool_choice auto is always on here")
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_STRING",
@@ -140,16 +141,19 @@ def add_chat_flags(parser: argparse.ArgumentParser) -> None:
                         help="defaults for the sampling settings a request leaves unset: auto (the model's "
                              "generation_config.json), vllm (none: OpenAI's defaults) or a directory holding a "
                              "generation_config.json (default: auto)")
-    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
-                        help="think: thinking inside <think>...</think> goes to the reasoning field, not "
-                             "the content (default: off)")
+    parser.add_argument("--reasoning-parser", choices=[*REASONING_PARSERS, "auto", "none"], default="auto",
+                        help="think (or vLLM's deepseek_r1, qwen3): thinking inside <think>...</think> goes to the "
+                             "reasoning field, not the content; auto: think where the chat template writes <think> "
+                             "blocks; none: off (default: auto)")
     parser.add_argument("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
                         help="the message and delta field for the thinking (default: reasoning_content)")
 
 
 def chat_options_from(args: argparse.Namespace) -> ChatOptions:
-    return ChatOptions(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                       reasoning_field=args.reasoning_field)
+    reasoning = args.reasoning_parser if args.reasoning_parser in ("auto", "none") else \
+        REASONING_PARSERS[args.reasoning_parser]
+    return ChatOptions(tool_call_parser=args.tool_call_parser, reasoning_field=args.reasoning_field,
+                       reasoning_parser=None if reasoning == "none" else reasoning)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,9 +267,11 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     name, *other_names = args.served_model_name or [served_name(config.model or config.model_path)]
     if sampling_defaults:
         log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)
+    chat, formats = resolve_formats(chat_options_from(args), tokenizer.chat_template)
+    log.info("%s", formats)
     server = ServerConfig(served_model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                           metrics_public=args.metrics_public, cors_origins=args.cors_origin + args.allowed_origins,
-                          limits=limits, chat=chat_options_from(args), other_model_names=other_names,
+                          limits=limits, chat=chat, other_model_names=other_names,
                           sampling_defaults=sampling_defaults, log_stats=not args.disable_log_stats,
                           responses_store=StoreLimits(args.responses_store_max_count, args.responses_store_max_bytes))
     forget_readers()  # a GGUF's: the API process has read what it needs of it

@@ -265,3 +265,33 @@ def test_without_the_reasoning_parser_think_tags_are_content():
     whole, _ = both("<think>a</think>b")
     assert whole["choices"][0]["message"]["content"] == "<think>a</think>b"
     assert "reasoning_content" not in whole["choices"][0]["message"]
+
+
+# ---- the forms models drift into, and formats chosen by the chat template ------------------------
+
+FENCED = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+
+
+def test_a_fenced_call_to_a_requested_tool_comes_back_as_a_tool_call_in_both_forms():
+    whole, pieces = both(FENCED, tools=[WEATHER])
+    message = whole["choices"][0]["message"]
+    assert message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"})]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls" and finish(pieces) == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in joined_calls(pieces)] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+
+
+def test_a_fence_is_content_without_tools_or_for_a_tool_not_requested():
+    for body in ({}, {"tools": [TIME]}):
+        whole, pieces = both(FENCED, **body)
+        assert whole["choices"][0]["message"]["content"] == FENCED
+        assert whole["choices"][0]["finish_reason"] == "stop" and finish(pieces) == "stop"
+
+
+def test_a_template_that_writes_think_blocks_gets_its_reasoning_parsed_without_a_flag():
+    fake = engine("<think>Paris is in France.</think>Sunny.")
+    fake.tokenizer.chat_template = "{% if false %}<think>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    message = chat(fake)["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Paris is in France.", "Sunny.")

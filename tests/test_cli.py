@@ -119,7 +119,7 @@ def test_a_bad_dtype_lists_the_valid_ones(capsys):
 
 @pytest.mark.parametrize(("flag", "value"), [("--load-format", "pt"), ("--attention", "flash"),
                                              ("--device", "gpu"), ("--log-level", "verbose"),
-                                             ("--reasoning-parser", "deepseek_r1")])
+                                             ("--reasoning-parser", "r1")])
 def test_bad_choices_stop_the_parser(capsys, flag, value):
     assert "invalid choice" in refused(capsys, "serve", flag, value)
 

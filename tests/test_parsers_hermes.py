@@ -31,6 +31,7 @@ FIXTURES = {
                                          Result("<tool_call>\nnot json\n</tool_call>")),
     "object_without_name_stays_text": ('<tool_call>{"x": 1}</tool_call>', Result('<tool_call>{"x": 1}</tool_call>')),
     "near_tags_are_text": ("Use <tool> or <tool_c tags", Result("Use <tool> or <tool_c tags")),
+    "prose_naming_the_tag_keeps_its_spacing": ("Wrap it in <tool_call> tags.", Result("Wrap it in <tool_call> tags.")),
     "trailing_whitespace_of_plain_text_is_kept": ("Done.\n\n", Result("Done.\n\n")),
     "cut_off_inside_arguments": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
                                  Result(calls=[("get_weather", '{"city": "Par')])),

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from tailrace.sampling_params import SamplingParams, StructuredSpec, ThinkTokens
 from tailrace.serving.context import ChatOptions
-from tailrace.serving.parsers.choice import TOOL_PARSERS, AnswerFormat, detect_tool_parser
+from tailrace.serving.parsers import ToolSchemas
+from tailrace.serving.parsers.choice import (HARMONY_TOOLS, SPECIAL_TOKEN_FORMATS, AnswerFormat,
+                                             detect_reasoning_parser, detect_tool_parser, harmony_format,
+                                             tool_parser_for)
 from tailrace.serving.parsers.reasoning import THINK_CLOSE, THINK_OPEN, thinking_at_start
 from tailrace.serving.protocol import ChatCompletionRequest
 from tailrace.serving.structured import constraint_for
@@ -32,25 +35,45 @@ def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: C
                 prompt_text: str) -> AnswerPlan:
     """OpenAIError (400) when response_format or tool_choice cannot be served."""
     constraint = constraint_for(request)
+    template = tokenizer.chat_template
+    tools_format = tool_parser_name(options.tool_call_parser, template)
+    reasoning = reasoning_parser_name(options.reasoning_parser, template)
+    may_call = bool(request.tools) and request.tool_choice in (None, "auto")
+    if constraint is None and (tools_format == HARMONY_TOOLS or reasoning == "harmony"):
+        return AnswerPlan(harmony_format(tool_schemas(request) if may_call else None, options.reasoning_field),
+                          keep_special_tokens=True)
     parser_name = None
     if constraint is not None:
         tool_parser = constraint.tool_parser
-    elif request.tools and request.tool_choice in (None, "auto"):
-        parser_name = tool_parser_name(options.tool_call_parser, tokenizer.chat_template)
-        tool_parser = TOOL_PARSERS.get(parser_name) if parser_name is not None else None
+    elif may_call:
+        parser_name = tools_format
+        tool_parser = tool_parser_for(parser_name, tool_schemas(request))
     else:
         tool_parser = None  # "none" still shows the tools to the model, but nothing is parsed
     open_at_start = None
     tokens = None
-    if options.reasoning_parser is not None:
+    if reasoning == "think":
         open_at_start = thinking_at_start(prompt_text)
         tokens = think_tokens(tokenizer, open_at_start)
     return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field),
-                      constraint.spec if constraint is not None else None, tokens, parser_name == "mistral")
+                      constraint.spec if constraint is not None else None, tokens, parser_name in SPECIAL_TOKEN_FORMATS)
+
+
+def tool_schemas(request: ChatCompletionRequest) -> ToolSchemas:
+    """The request's functions by name, each with the schema of its parameters."""
+    return {tool.function.name: tool.function.parameters or {} for tool in request.tools or []
+            if tool.function is not None}
 
 
 def tool_parser_name(option: str, chat_template: str | None) -> str | None:
-    return detect_tool_parser(chat_template) if option == "auto" else option
+    """The format the server's option names ("none": the model has none; "auto": its template's)."""
+    if option == "auto":
+        return detect_tool_parser(chat_template)[0]
+    return None if option == "none" else option
+
+
+def reasoning_parser_name(option: str | None, chat_template: str | None) -> str | None:
+    return detect_reasoning_parser(chat_template)[0] if option == "auto" else option
 
 
 def think_tokens(tokenizer: Tokenizer, open_at_start: bool) -> ThinkTokens | None:

@@ -144,7 +144,7 @@ class ChatPieces:
                                    "refusal": None, "annotations": []}
         if calls:
             message["tool_calls"] = calls
-        if self.answers.thinking is not None:
+        if self.answers.has_reasoning:
             field_name = self.answers.reasoning_field
             message[field_name] = "".join(d.get(field_name) or "" for d in deltas) or None
         logprobs = None

@@ -12,8 +12,10 @@ from tailrace.serving.limits import Admission, Limits
 class ChatOptions:
     """How chat answers are read, fixed for the server by its flags."""
 
-    tool_call_parser: str = "auto"  # hermes | llama3 | mistral | auto: the chat template's format
-    reasoning_parser: str | None = None  # "think": split <think>...</think> off the answer
+    # A format of parsers/choice.TOOL_PARSERS, "none" (the drifted forms only) or "auto" (the chat
+    # template's format); tailrace serve decides "auto" at start-up (choice.resolve_formats).
+    tool_call_parser: str = "auto"
+    reasoning_parser: str | None = "auto"  # "think": <think>...</think> off the answer; None: off
     reasoning_field: str = "reasoning_content"  # or "reasoning" (vLLM's and Ollama's name)
 
 

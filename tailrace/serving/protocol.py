@@ -120,12 +120,16 @@ class ChatMessage(_OpenAIModel):
 
     def template_dict(self) -> dict[str, Any]:
         """The message as a chat template reads it: the fields the client set, content as one
-        string, and tool-call arguments as the object they encode (templates write them with
-        `tojson`, so a JSON string would come out quoted twice)."""
+        string, tool-call arguments as the object they encode (templates write them with
+        `tojson`, so a JSON string would come out quoted twice), and earlier reasoning also as
+        `thinking`."""
         fields = self.model_dump(exclude_none=True)
         fields["content"] = self.text()
         for call in fields.get("tool_calls", []):
             call["function"]["arguments"] = _json_object_or_text(call["function"]["arguments"])
+        thinking = self.reasoning_content or self.reasoning
+        if thinking:  # gpt-oss's template reads an earlier turn's analysis as `thinking`
+            fields["thinking"] = thinking
         return fields
 
     def text(self) -> str:

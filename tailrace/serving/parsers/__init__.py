@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 WHITESPACE = " \t\r\n"
+
+# The request's tools: each function's name and the JSON schema of its parameters ({} if none).
+ToolSchemas = dict[str, dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -70,6 +73,15 @@ def held_prefix_len(text: str, tag: str) -> int:
     return 0
 
 
+def past_closing(buffer: str, tag: str) -> str | None:
+    """`buffer` after the whitespace and closing `tag` a call ends with (a missing tag is
+    forgiven: what follows is text again); None while the tag may still be arriving."""
+    rest = buffer.lstrip(WHITESPACE)
+    if tag.startswith(rest) and len(rest) < len(tag):
+        return None
+    return rest.removeprefix(tag)
+
+
 def run_steps(step: Callable[[Parsed], bool]) -> Parsed:
     """Run a parser's state machine over what it holds: `step` handles one state and says whether
     the state changed (so another step may apply)."""
@@ -81,24 +93,30 @@ def run_steps(step: Callable[[Parsed], bool]) -> Parsed:
 
 
 class TextOutsideCalls:
-    """Answer text around tool calls that a tag starts: content, except whitespace right before a
-    call (dropped) and whitespace after the last call when the answer ends there (dropped)."""
+    """Answer text around tool calls that a tag starts (any of `tags`; `found` says which did):
+    content, except whitespace right before a call (dropped) and whitespace after the last call
+    when the answer ends there (dropped)."""
 
-    __slots__ = ("tag", "after_call")
+    __slots__ = ("tags", "found", "dropped", "after_call")
 
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
+    def __init__(self, *tags: str) -> None:
+        self.tags = tags
+        self.found = ""
+        self.dropped = ""  # the whitespace dropped before the tag found
         self.after_call = False  # nothing but whitespace since the last call
 
     def read(self, buffer: str, out: Parsed) -> tuple[str, bool]:
-        """Give out the content of `buffer` that is certain; returns (what is kept, whether the
+        """Give out the content of `buffer` that is certain; returns (what is kept, whether a
         tag was found). Found: what is kept is the text after the tag. Not found: trailing
-        whitespace and a possible start of the tag are kept."""
-        at = buffer.find(self.tag)
-        if at >= 0:
-            self.emit(out, buffer[:at].rstrip(WHITESPACE))
-            return buffer[at + len(self.tag):], True
-        upto = len(buffer) - held_prefix_len(buffer, self.tag)
+        whitespace and a possible start of a tag are kept."""
+        hits = [(at, tag) for tag in self.tags if (at := buffer.find(tag)) >= 0]
+        if hits:
+            at, self.found = min(hits)
+            before = buffer[:at].rstrip(WHITESPACE)
+            self.dropped = buffer[len(before):at]
+            self.emit(out, before)
+            return buffer[at + len(self.found):], True
+        upto = len(buffer) - max(held_prefix_len(buffer, tag) for tag in self.tags)
         while upto and buffer[upto - 1] in WHITESPACE:
             upto -= 1
         self.emit(out, buffer[:upto])
@@ -113,3 +131,48 @@ class TextOutsideCalls:
         if content:
             out.content += content
             self.after_call = False
+
+    def no_call(self, out: Parsed, text: str) -> None:
+        """The tag found started no call: it, and `text` read after it, are content after all,
+        with the whitespace dropped before it."""
+        self.emit(out, self.dropped + self.found + text)
+
+
+class BufferedParser:
+    """A parser as a state machine over the text it has read and not given out (`_buffer`):
+    `_step` handles what the buffer allows in the current state and says whether the state
+    changed (so another step may apply); `_end` gives out what is held when the answer ends.
+    Formats whose calls a tag starts read the text around them with `_text` (`_read_text`) and
+    pass each call's closing tag with `_read_closing`."""
+
+    _buffer = ""
+    _state = "text"
+    _text: TextOutsideCalls
+
+    def feed(self, text: str) -> Parsed:
+        self._buffer += text
+        return run_steps(self._step)
+
+    def finish(self) -> Parsed:
+        """The stream ended: release whatever was held back."""
+        out = Parsed()
+        self._end(out)
+        self._buffer = ""
+        out.tool_calls = merge_calls(out.tool_calls)
+        return out
+
+    def _read_text(self, out: Parsed, then: str) -> bool:
+        """Content up to a tag, which moves the parser to state `then`."""
+        self._buffer, found = self._text.read(self._buffer, out)
+        if found:
+            self._state = then
+        return found
+
+    def _read_closing(self, tag: str) -> bool:
+        """Past a call's closing `tag` (forgiven where missing) to text again."""
+        rest = past_closing(self._buffer, tag)
+        if rest is None:
+            self._buffer = self._buffer.lstrip(WHITESPACE)
+            return False
+        self._buffer, self._state = rest, "text"
+        return True

@@ -3,14 +3,14 @@ one block per call, after any text the model writes first."""
 
 from __future__ import annotations
 
-from tailrace.serving.parsers import WHITESPACE, Parsed, TextOutsideCalls, merge_calls, run_steps
+from tailrace.serving.parsers import BufferedParser, Parsed, TextOutsideCalls, merge_calls
 from tailrace.serving.parsers.json_calls import CallObject
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 
 
-class HermesToolParser:
+class HermesToolParser(BufferedParser):
     """Text is content until `<tool_call>`; a block whose body is no call object goes out as
     content as written; whitespace between blocks is dropped."""
 
@@ -21,40 +21,26 @@ class HermesToolParser:
         self._call: CallObject | None = None
         self._next_index = 0
 
-    def feed(self, text: str) -> Parsed:
-        self._buffer += text
-        return run_steps(self._step)
-
-    def finish(self) -> Parsed:
-        out = Parsed()
+    def _end(self, out: Parsed) -> None:
         if self._state == "text":
             self._text.end(self._buffer, out)
         elif self._state == "call":
             self._call.end()
             out.tool_calls = merge_calls(self._call.take())
             if not self._call.announced:
-                self._text.emit(out, TOOL_CALL_START + self._call.raw + self._buffer)
-        self._buffer = ""
-        return out
+                self._text.no_call(out, self._call.raw + self._buffer)
 
     def _step(self, out: Parsed) -> bool:
         """Handle what the buffer allows in the current state; True when the state changed."""
         if self._state == "text":
-            self._buffer, found = self._text.read(self._buffer, out)
-            if found:
-                self._state, self._call = "call", CallObject(self._next_index)
-            return found
+            if not self._read_text(out, "call"):
+                return False
+            self._call = CallObject(self._next_index)
+            return True
         if self._state == "call":
             return self._read_call(out)
         if self._state == "closing":
-            rest = self._buffer.lstrip(WHITESPACE)
-            if TOOL_CALL_END.startswith(rest) and len(rest) < len(TOOL_CALL_END):
-                self._buffer = rest
-                return False  # the closing tag may be arriving
-            # A missing closing tag is forgiven: what follows is text again.
-            self._buffer = rest.removeprefix(TOOL_CALL_END)
-            self._state = "text"
-            return True
+            return self._read_closing(TOOL_CALL_END)
         # skip: the rest of a block that broke after its call was announced
         at = self._buffer.find(TOOL_CALL_END)
         if at < 0:
@@ -75,7 +61,7 @@ class HermesToolParser:
             if call.announced:
                 self._state = "skip"
             else:  # no call after all: the block is text
-                self._text.emit(out, TOOL_CALL_START + call.raw)
+                self._text.no_call(out, call.raw)
                 self._state = "text"
         else:
             return False

@@ -4,13 +4,13 @@ with `{` is plain content."""
 
 from __future__ import annotations
 
-from tailrace.serving.parsers import WHITESPACE, Parsed, merge_calls, run_steps
+from tailrace.serving.parsers import WHITESPACE, BufferedParser, Parsed, merge_calls
 from tailrace.serving.parsers.json_calls import CallObject
 
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3JsonToolParser:
+class Llama3JsonToolParser(BufferedParser):
     def __init__(self) -> None:
         self._buffer = ""
         self._state = "start"  # start | calls | between | text
@@ -18,12 +18,7 @@ class Llama3JsonToolParser:
         self._call: CallObject | None = None
         self._next_index = 0
 
-    def feed(self, text: str) -> Parsed:
-        self._buffer += text
-        return run_steps(self._step)
-
-    def finish(self) -> Parsed:
-        out = Parsed()
+    def _end(self, out: Parsed) -> None:
         if self._state in ("start", "text"):
             out.content = self._skipped + self._buffer
         elif self._state == "calls":
@@ -31,8 +26,7 @@ class Llama3JsonToolParser:
             out.tool_calls = merge_calls(self._call.take())
             if not self._call.announced:
                 out.content = self._given_back(self._call) + self._buffer
-        self._buffer = self._skipped = ""
-        return out
+        self._skipped = ""
 
     def _step(self, out: Parsed) -> bool:
         if self._state == "start":

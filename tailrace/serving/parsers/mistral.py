@@ -8,7 +8,7 @@ parser.
 
 from __future__ import annotations
 
-from tailrace.serving.parsers import WHITESPACE, Parsed, TextOutsideCalls, ToolCallDelta, merge_calls, run_steps
+from tailrace.serving.parsers import WHITESPACE, BufferedParser, Parsed, TextOutsideCalls, ToolCallDelta, merge_calls
 from tailrace.serving.parsers.json_calls import CallArray, JsonValue
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -16,7 +16,7 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 
 
-class MistralToolParser:
+class MistralToolParser(BufferedParser):
     def __init__(self) -> None:
         self._buffer = ""
         self._state = "text"  # text | after_tag | array | name | args
@@ -25,12 +25,7 @@ class MistralToolParser:
         self._args: JsonValue | None = None
         self._next_index = 0
 
-    def feed(self, text: str) -> Parsed:
-        self._buffer += text
-        return run_steps(self._step)
-
-    def finish(self) -> Parsed:
-        out = Parsed()
+    def _end(self, out: Parsed) -> None:
         if self._state == "text":
             self._text.end(self._buffer, out)
         elif self._state in ("after_tag", "name"):
@@ -40,15 +35,10 @@ class MistralToolParser:
             out.tool_calls = merge_calls(self._array.take())
             if not self._announced_any(self._array):
                 out.content = TOOL_CALLS + self._array.raw + self._buffer
-        self._buffer = ""
-        return out
 
     def _step(self, out: Parsed) -> bool:
         if self._state == "text":
-            self._buffer, found = self._text.read(self._buffer, out)
-            if found:
-                self._state = "after_tag"
-            return found
+            return self._read_text(out, "after_tag")
         if self._state == "after_tag":
             self._buffer = self._buffer.lstrip(WHITESPACE)
             if not self._buffer:
