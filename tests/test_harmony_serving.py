@@ -137,3 +137,19 @@ def test_messages_give_a_thinking_block_and_a_tool_use_block_streamed_and_not():
     folded = snapshot.to_dict()
     assert [block["type"] for block in folded["content"]] == ["thinking", "tool_use"]
     assert folded["content"][1]["input"] == {"city": "Paris"}
+
+
+def test_responses_input_items_replay_the_reasoning_before_the_call_as_harmony_expects():
+    from tailrace.serving.protocol_responses import Item, chat_messages
+
+    items = [Item.model_validate(item) for item in (
+        {"type": "message", "role": "user", "content": "Weather in Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": THINKING}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"})]
+    request = ChatCompletionRequest.model_validate({"model": "tiny", "tools": CHAT_TOOLS,
+                                                    "messages": chat_messages(items)})
+    prompt = engine("").tokenizer.apply_chat_template([m.template_dict() for m in request.messages],
+                                                      tools=[t.model_dump(exclude_none=True) for t in request.tools])
+    assert (f"<|start|>assistant<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant to=functions."
+            'get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>') in prompt

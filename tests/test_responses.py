@@ -155,3 +155,21 @@ def test_an_engine_failure_mid_stream_ends_in_response_failed():
     events = respond(fake, stream=True)
     assert events[-1]["type"] == "response.failed"
     assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"]
+
+
+def test_reasoning_items_become_the_reasoning_of_the_assistant_turn_they_start():
+    from tailrace.serving.protocol_responses import Item, chat_messages
+
+    items = [Item.model_validate(item) for item in (
+        {"type": "message", "role": "user", "content": "Hi"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "greet back"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"type": "message", "role": "user", "content": "Weather?"},
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "call it"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"})]
+    assert chat_messages(items) == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "greet back"},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}]

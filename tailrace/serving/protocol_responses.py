@@ -28,7 +28,8 @@ class ContentPart(_OpenAIModel):
 
 class Item(_OpenAIModel):
     """An input item: a message (the default type), a function call the model made, its output,
-    or earlier reasoning (read, not replayed: chat templates drop earlier thinking)."""
+    or earlier reasoning (given to the chat template as that turn's reasoning: most drop it,
+    gpt-oss's renders it before a call)."""
 
     type: Literal["message", "function_call", "function_call_output", "reasoning", "item_reference"] = "message"
     id: str | None = None
@@ -148,12 +149,19 @@ def _chat_tool_choice(choice: str | NamedFunction) -> str | dict[str, Any]:
 
 
 def chat_messages(items: list[Item]) -> list[dict[str, Any]]:
-    """Items as chat messages: a function call joins the assistant message before it (or starts
-    one), its output is a `tool` message."""
+    """Items as chat messages: reasoning is the `reasoning_content` of the assistant turn it
+    starts, and a function call or an assistant message joins the turn its reasoning started; a
+    function call joins the assistant message before it (or starts one), its output is a `tool`
+    message."""
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(items):
-        if item.type == "message":
+        if item.type == "message" and item.role == "assistant" and _reasoning_only(messages):
+            messages[-1]["content"] = _text(item.content, f"input[{i}].content")
+        elif item.type == "message":
             messages.append({"role": item.role or "user", "content": _text(item.content, f"input[{i}].content")})
+        elif item.type == "reasoning":
+            messages.append({"role": "assistant", "content": "",
+                             "reasoning_content": _text(item.content, f"input[{i}].content")})
         elif item.type == "function_call":
             if not (messages and messages[-1]["role"] == "assistant"):
                 messages.append({"role": "assistant", "content": ""})
@@ -166,6 +174,13 @@ def chat_messages(items: list[Item]) -> list[dict[str, Any]]:
         elif item.type == "item_reference":
             raise unsupported_parameter(f"input[{i}].item_reference")
     return messages
+
+
+def _reasoning_only(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last message is an assistant turn with its reasoning and nothing else yet."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and "reasoning_content" in last and not (last["content"] or
+                                                                                    last.get("tool_calls"))
 
 
 def _text(content: str | list[ContentPart] | None, where: str) -> str:
