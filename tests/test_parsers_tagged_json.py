@@ -30,13 +30,11 @@ GRANITE = {
 }
 
 
-@pytest.mark.parametrize("name", PHI4)
-def test_phi4_mini_calls_parse_the_same_at_every_split(name):
-    text, expected = PHI4[name]
-    check_every_split(TaggedJsonToolParser, text, expected)
+FORMATS = {"phi4": (TaggedJsonToolParser, PHI4), "granite": (lambda: TaggedJsonToolParser(end=None), GRANITE)}
 
 
-@pytest.mark.parametrize("name", GRANITE)
-def test_granite_calls_parse_the_same_at_every_split(name):
-    text, expected = GRANITE[name]
-    check_every_split(lambda: TaggedJsonToolParser(end=None), text, expected)
+@pytest.mark.parametrize(("form", "name"), [(form, name) for form, (_, cases) in FORMATS.items() for name in cases])
+def test_tagged_json_calls_parse_the_same_at_every_split(form, name):
+    make, cases = FORMATS[form]
+    text, expected = cases[name]
+    check_every_split(make, text, expected)

@@ -42,6 +42,14 @@ class Parsed:
         return self
 
 
+class CallReader(Protocol):
+    """JSON calls read a character at a time (json_calls.CallObject, CallArray)."""
+
+    def feed(self, text: str) -> int: ...
+
+    def take(self) -> list[ToolCallDelta]: ...
+
+
 class ToolParser(Protocol):
     """Answer text in, content and tool-call pieces out."""
 
@@ -139,9 +147,9 @@ class TextOutsideCalls:
 
 
 class BufferedParser:
-    """A parser as a state machine over the text it has read and not given out (`_buffer`):
-    `_step` handles what the buffer allows in the current state and says whether the state
-    changed (so another step may apply); `_end` gives out what is held when the answer ends.
+    """A parser as a state machine over the text it has read and not given out (`_buffer`): in
+    state S, `_in_S(out)` handles what the buffer allows and says whether the state changed (so
+    another step may apply); `_end` gives out what is held when the answer ends.
     Formats whose calls a tag starts read the text around them with `_text` (`_read_text`) and
     pass each call's closing tag with `_read_closing`."""
 
@@ -161,12 +169,21 @@ class BufferedParser:
         out.tool_calls = merge_calls(out.tool_calls)
         return out
 
+    def _step(self, out: Parsed) -> bool:
+        """The current state's reader, `_in_<state>`, over the buffer."""
+        return getattr(self, f"_in_{self._state}")(out)
+
     def _read_text(self, out: Parsed, then: str) -> bool:
         """Content up to a tag, which moves the parser to state `then`."""
         self._buffer, found = self._text.read(self._buffer, out)
         if found:
             self._state = then
         return found
+
+    def _read_calls(self, calls: CallReader, out: Parsed) -> None:
+        """What the buffer holds to `calls`, and the call pieces they make to `out`."""
+        self._buffer = self._buffer[calls.feed(self._buffer):]
+        out.tool_calls += calls.take()
 
     def _read_closing(self, tag: str) -> bool:
         """Past a call's closing `tag` (forgiven where missing) to text again."""

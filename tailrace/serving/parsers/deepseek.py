@@ -26,7 +26,6 @@ FENCE = "```"
 
 class DeepSeekToolParser(BufferedParser):
     def __init__(self) -> None:
-        self._buffer = ""
         self._state = "text"  # text | calls | header | name | fence | arguments | fence_end | call_end
         self._text = TextOutsideCalls(CALLS_BEGIN)
         self._fenced = False  # V3's form: the arguments in a ```json fence
@@ -40,24 +39,20 @@ class DeepSeekToolParser(BufferedParser):
         elif self._open and self._arguments is None:  # cut off before the arguments: none
             out.tool_calls.append(ToolCallDelta(self._index, None, "{}"))
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "text":
-            return self._read_text(out, "calls")
-        if self._state == "calls":  # between calls: the next one, or the end of them
-            return self._between_calls()
-        if self._state == "header":
-            return self._read_header(out)
-        if self._state == "name":
-            return self._read_name(out)
-        if self._state == "fence":
-            return self._expect(FENCE + "json", "arguments", skip_line=True)
-        if self._state == "arguments":
-            return self._read_arguments(out)
-        if self._state == "fence_end":
-            return self._expect(FENCE, "call_end")
+    def _in_text(self, out: Parsed) -> bool:
+        return self._read_text(out, "calls")
+
+    def _in_fence(self, out: Parsed) -> bool:
+        return self._expect(FENCE + "json", "arguments", skip_line=True)
+
+    def _in_fence_end(self, out: Parsed) -> bool:
+        return self._expect(FENCE, "call_end")
+
+    def _in_call_end(self, out: Parsed) -> bool:
         return self._expect(CALL_END, "calls")
 
-    def _between_calls(self) -> bool:
+    def _in_calls(self, out: Parsed) -> bool:
+        """Between calls: the next one, or the end of them."""
         rest = self._buffer.lstrip(WHITESPACE)
         for tag, state in ((CALL_BEGIN, "header"), (CALLS_END, "text")):
             if rest.startswith(tag):
@@ -70,7 +65,7 @@ class DeepSeekToolParser(BufferedParser):
         self._buffer, self._state = rest, "text"  # a missing end marker is forgiven
         return True
 
-    def _read_header(self, out: Parsed) -> bool:
+    def _in_header(self, out: Parsed) -> bool:
         """`function` (V3, R1: the name follows the separator) or the name itself (V3.1)."""
         at = self._buffer.find(SEP)
         if at < 0:
@@ -84,7 +79,7 @@ class DeepSeekToolParser(BufferedParser):
             self._state = "arguments"
         return True
 
-    def _read_name(self, out: Parsed) -> bool:
+    def _in_name(self, out: Parsed) -> bool:
         at = self._buffer.find("\n")
         if at < 0:
             return False
@@ -110,7 +105,7 @@ class DeepSeekToolParser(BufferedParser):
         self._buffer, self._state = rest, state
         return True
 
-    def _read_arguments(self, out: Parsed) -> bool:
+    def _in_arguments(self, out: Parsed) -> bool:
         if self._arguments is None:
             self._buffer = self._buffer.lstrip(WHITESPACE)
             if not self._buffer:

@@ -28,7 +28,6 @@ class FallbackToolParser(BufferedParser):
         self._inner = inner
         self._tools = tools
         self._bare_json = bare_json
-        self._buffer = ""  # from the would-be call's first character on
         self._held = ""  # whitespace before it
         self._state = "start"  # start | opening | value | closing | inner
         self._form: _Form | None = None
@@ -42,21 +41,13 @@ class FallbackToolParser(BufferedParser):
             self._give_up(out)
         self._add_inner(self._inner.finish() if self._inner is not None else Parsed(), out)
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "inner":
-            text, self._buffer = self._buffer, ""
-            if text:
-                self._add_inner(self._inner.feed(text) if self._inner is not None else Parsed(content=text), out)
-            return False
-        if self._state == "start":
-            return self._start(out)
-        if self._state == "opening":
-            return self._read_opening(out)
-        if self._state == "value":
-            return self._read_value(out)
-        return self._read_closing(out)
+    def _in_inner(self, out: Parsed) -> bool:
+        text, self._buffer = self._buffer, ""
+        if text:
+            self._add_inner(self._inner.feed(text) if self._inner is not None else Parsed(content=text), out)
+        return False
 
-    def _start(self, out: Parsed) -> bool:
+    def _in_start(self, out: Parsed) -> bool:
         rest = self._buffer.lstrip(WHITESPACE)
         if not rest:
             return False
@@ -72,7 +63,7 @@ class FallbackToolParser(BufferedParser):
         self._state = "opening"
         return True
 
-    def _read_opening(self, out: Parsed) -> bool:
+    def _in_opening(self, out: Parsed) -> bool:
         """The form's opening through its end (```LANG's newline, `<function=NAME>`'s `>`), then
         up to the JSON value, which must be an object or an array."""
         form = self._form
@@ -94,14 +85,14 @@ class FallbackToolParser(BufferedParser):
         self._value, self._state = JsonValue(), "value"
         return True
 
-    def _read_value(self, out: Parsed) -> bool:
+    def _in_value(self, out: Parsed) -> bool:
         self._read += self._value.feed(self._buffer[self._read:])
         if not self._value.done:
             return False
         self._state = "closing"
         return True
 
-    def _read_closing(self, out: Parsed) -> bool:
+    def _in_closing(self, out: Parsed) -> bool:
         closing = self._form.closing
         rest = self._buffer[self._read:].lstrip(WHITESPACE) if closing else ""
         if closing and (not rest or _opens(rest, closing)):

@@ -31,7 +31,6 @@ HEADER_STARTS = (START, CHANNEL, "assistant", " to=", "to=")
 class HarmonyParser(BufferedParser):
     def __init__(self, tools: ToolSchemas | None) -> None:
         self._tools = tools
-        self._buffer = ""
         self._state = "header"  # header | body | text
         self._channel = ""
         self._call = False  # the current body is a call's arguments
@@ -47,16 +46,12 @@ class HarmonyParser(BufferedParser):
         if self._call:
             self._end_call(out)
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "text":
-            out.content += self._buffer
-            self._buffer = ""
-            return False
-        if self._state == "header":
-            return self._read_header(out)
-        return self._read_body(out)
+    def _in_text(self, out: Parsed) -> bool:
+        out.content += self._buffer
+        self._buffer = ""
+        return False
 
-    def _read_header(self, out: Parsed) -> bool:
+    def _in_header(self, out: Parsed) -> bool:
         rest = self._buffer.lstrip("\n")
         if not rest:
             return False
@@ -76,7 +71,7 @@ class HarmonyParser(BufferedParser):
         self._state = "body"
         return True
 
-    def _read_body(self, out: Parsed) -> bool:
+    def _in_body(self, out: Parsed) -> bool:
         ends = [(self._buffer.find(end), end) for end in BODY_ENDS if end in self._buffer]
         if not ends:
             keep = max(held_prefix_len(self._buffer, end) for end in BODY_ENDS)

@@ -15,7 +15,6 @@ class HermesToolParser(BufferedParser):
     content as written; whitespace between blocks is dropped."""
 
     def __init__(self) -> None:
-        self._buffer = ""  # text read but not yet given out
         self._state = "text"  # text | call | closing | skip
         self._text = TextOutsideCalls(TOOL_CALL_START)
         self._call: CallObject | None = None
@@ -30,29 +29,15 @@ class HermesToolParser(BufferedParser):
             if not self._call.announced:
                 self._text.no_call(out, self._call.raw + self._buffer)
 
-    def _step(self, out: Parsed) -> bool:
-        """Handle what the buffer allows in the current state; True when the state changed."""
-        if self._state == "text":
-            if not self._read_text(out, "call"):
-                return False
-            self._call = CallObject(self._next_index)
-            return True
-        if self._state == "call":
-            return self._read_call(out)
-        if self._state == "closing":
-            return self._read_closing(TOOL_CALL_END)
-        # skip: the rest of a block that broke after its call was announced
-        at = self._buffer.find(TOOL_CALL_END)
-        if at < 0:
-            self._buffer = self._buffer[len(self._buffer) - len(TOOL_CALL_END) + 1:]
+    def _in_text(self, out: Parsed) -> bool:
+        if not self._read_text(out, "call"):
             return False
-        self._buffer, self._state = self._buffer[at + len(TOOL_CALL_END):], "text"
+        self._call = CallObject(self._next_index)
         return True
 
-    def _read_call(self, out: Parsed) -> bool:
+    def _in_call(self, out: Parsed) -> bool:
         call = self._call
-        self._buffer = self._buffer[call.feed(self._buffer):]
-        out.tool_calls += call.take()
+        self._read_calls(call, out)
         if call.announced:
             self._next_index = call.index + 1
         if call.is_call:
@@ -65,4 +50,16 @@ class HermesToolParser(BufferedParser):
                 self._state = "text"
         else:
             return False
+        return True
+
+    def _in_closing(self, out: Parsed) -> bool:
+        return self._read_closing(TOOL_CALL_END)
+
+    def _in_skip(self, out: Parsed) -> bool:
+        """The rest of a block that broke after its call was announced."""
+        at = self._buffer.find(TOOL_CALL_END)
+        if at < 0:
+            self._buffer = self._buffer[len(self._buffer) - len(TOOL_CALL_END) + 1:]
+            return False
+        self._buffer, self._state = self._buffer[at + len(TOOL_CALL_END):], "text"
         return True

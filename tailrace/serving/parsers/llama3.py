@@ -12,7 +12,6 @@ PYTHON_TAG = "<|python_tag|>"
 
 class Llama3JsonToolParser(BufferedParser):
     def __init__(self) -> None:
-        self._buffer = ""
         self._state = "start"  # start | calls | between | text
         self._skipped = ""  # leading whitespace and tag, given back if the answer is content
         self._call: CallObject | None = None
@@ -28,27 +27,24 @@ class Llama3JsonToolParser(BufferedParser):
                 out.content = self._given_back(self._call) + self._buffer
         self._skipped = ""
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "start":
-            return self._start(out)
-        if self._state == "calls":
-            return self._read_call(out)
-        if self._state == "between":
-            rest = self._buffer.lstrip(WHITESPACE + ";")
-            if not rest:
-                self._buffer = ""
-                return False
-            self._buffer = rest
-            if rest[0] == "{":
-                self._state, self._call = "calls", CallObject(self._next_index)
-            else:  # text after the calls
-                self._state = "text"
-            return True
+    def _in_between(self, out: Parsed) -> bool:
+        rest = self._buffer.lstrip(WHITESPACE + ";")
+        if not rest:
+            self._buffer = ""
+            return False
+        self._buffer = rest
+        if rest[0] == "{":
+            self._state, self._call = "calls", CallObject(self._next_index)
+        else:  # text after the calls
+            self._state = "text"
+        return True
+
+    def _in_text(self, out: Parsed) -> bool:
         out.content += self._buffer
         self._buffer = ""
         return False
 
-    def _start(self, out: Parsed) -> bool:
+    def _in_start(self, out: Parsed) -> bool:
         """Leading whitespace and `<|python_tag|>` are skipped; the first other character decides."""
         stripped = self._buffer.lstrip(WHITESPACE)
         self._skipped += self._buffer[:len(self._buffer) - len(stripped)]
@@ -67,10 +63,9 @@ class Llama3JsonToolParser(BufferedParser):
             self._skipped = ""
         return True
 
-    def _read_call(self, out: Parsed) -> bool:
+    def _in_calls(self, out: Parsed) -> bool:
         call = self._call
-        self._buffer = self._buffer[call.feed(self._buffer):]
-        out.tool_calls += call.take()
+        self._read_calls(call, out)
         if call.announced:
             self._next_index, self._skipped = call.index + 1, ""
         if call.is_call:

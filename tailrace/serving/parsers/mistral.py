@@ -18,7 +18,6 @@ CALL_ID = "[CALL_ID]"
 
 class MistralToolParser(BufferedParser):
     def __init__(self) -> None:
-        self._buffer = ""
         self._state = "text"  # text | after_tag | array | name | args
         self._text = TextOutsideCalls(TOOL_CALLS)
         self._array: CallArray | None = None
@@ -36,28 +35,22 @@ class MistralToolParser(BufferedParser):
             if not self._announced_any(self._array):
                 out.content = TOOL_CALLS + self._array.raw + self._buffer
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "text":
-            return self._read_text(out, "after_tag")
-        if self._state == "after_tag":
-            self._buffer = self._buffer.lstrip(WHITESPACE)
-            if not self._buffer:
-                return False
-            if self._buffer[0] == "[":
-                self._state, self._array = "array", CallArray(self._next_index)
-            else:
-                self._state = "name"
-            return True
-        if self._state == "array":
-            return self._read_array(out)
-        if self._state == "name":
-            return self._read_name(out)
-        return self._read_args(out)
+    def _in_text(self, out: Parsed) -> bool:
+        return self._read_text(out, "after_tag")
 
-    def _read_array(self, out: Parsed) -> bool:
+    def _in_after_tag(self, out: Parsed) -> bool:
+        self._buffer = self._buffer.lstrip(WHITESPACE)
+        if not self._buffer:
+            return False
+        if self._buffer[0] == "[":
+            self._state, self._array = "array", CallArray(self._next_index)
+        else:
+            self._state = "name"
+        return True
+
+    def _in_array(self, out: Parsed) -> bool:
         array = self._array
-        self._buffer = self._buffer[array.feed(self._buffer):]
-        out.tool_calls += array.take()
+        self._read_calls(array, out)
         if array.done:
             self._next_index, self._text.after_call, self._state = array.next_index, True, "text"
         elif array.failed:
@@ -70,7 +63,7 @@ class MistralToolParser(BufferedParser):
             return False
         return True
 
-    def _read_name(self, out: Parsed) -> bool:
+    def _in_name(self, out: Parsed) -> bool:
         at = self._buffer.find(ARGS)
         if at < 0:
             return False
@@ -80,7 +73,7 @@ class MistralToolParser(BufferedParser):
         self._state, self._args = "args", JsonValue()
         return True
 
-    def _read_args(self, out: Parsed) -> bool:
+    def _in_args(self, out: Parsed) -> bool:
         if self._args.kind is None:
             self._buffer = self._buffer.lstrip(WHITESPACE)
         used = self._args.feed(self._buffer)

@@ -38,7 +38,6 @@ class Qwen3XmlToolParser(BufferedParser):
 
     def __init__(self, tools: ToolSchemas) -> None:
         self._tools = tools
-        self._buffer = ""
         self._state = "text"  # text | function | name | body | value | closing
         self._text = TextOutsideCalls(TOOL_CALL_START, FUNCTION_START)
         self._raw = ""  # the current block's text, given back as content if it is no call
@@ -57,22 +56,15 @@ class Qwen3XmlToolParser(BufferedParser):
                 self._add_parameter(self._buffer, out)
             self._close_call(out)
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "text":
-            if not self._read_text(out, "function"):
-                return False
-            if self._text.found == FUNCTION_START:  # a call too: models drop the <tool_call> wrapper
-                self._state = "name"
-            self._raw = ""
-            return True
-        if self._state == "function":
-            return self._read_function_start(out)
-        if self._state == "name":
-            return self._read_name(out)
-        if self._state == "body":
-            return self._read_body(out)
-        if self._state == "value":
-            return self._read_value(out)
+    def _in_text(self, out: Parsed) -> bool:
+        if not self._read_text(out, "function"):
+            return False
+        if self._text.found == FUNCTION_START:  # a call too: models drop the <tool_call> wrapper
+            self._state = "name"
+        self._raw = ""
+        return True
+
+    def _in_closing(self, out: Parsed) -> bool:
         return self._read_closing(TOOL_CALL_END)
 
     def _take(self, count: int) -> str:
@@ -80,7 +72,7 @@ class Qwen3XmlToolParser(BufferedParser):
         self._raw += taken
         return taken
 
-    def _read_function_start(self, out: Parsed) -> bool:
+    def _in_function(self, out: Parsed) -> bool:
         rest = self._buffer.lstrip(WHITESPACE)
         if FUNCTION_START.startswith(rest) and len(rest) < len(FUNCTION_START):
             return False  # the tag may be arriving
@@ -93,7 +85,7 @@ class Qwen3XmlToolParser(BufferedParser):
         self._state = "name"
         return True
 
-    def _read_name(self, out: Parsed) -> bool:
+    def _in_name(self, out: Parsed) -> bool:
         at = self._buffer.find(">")
         if at < 0:
             return False
@@ -103,7 +95,7 @@ class Qwen3XmlToolParser(BufferedParser):
         self._state = "body"
         return True
 
-    def _read_body(self, out: Parsed) -> bool:
+    def _in_body(self, out: Parsed) -> bool:
         """Between parameters: the next one, or the function's end."""
         rest = self._buffer.lstrip(WHITESPACE)
         if any(tag.startswith(rest) and len(rest) < len(tag) for tag in (PARAMETER_START, FUNCTION_END)):
@@ -123,7 +115,7 @@ class Qwen3XmlToolParser(BufferedParser):
         self._state = "closing"
         return True
 
-    def _read_value(self, out: Parsed) -> bool:
+    def _in_value(self, out: Parsed) -> bool:
         at = self._buffer.find(PARAMETER_END)
         if at < 0:
             return False

@@ -21,7 +21,6 @@ class TaggedJsonToolParser(BufferedParser):
 
     def __init__(self, start: str = TOOL_CALL_START, end: str | None = TOOL_CALL_END) -> None:
         self._start, self._closing = start, end
-        self._buffer = ""
         self._state = "text"  # text | after_tag | calls | closing
         self._text = TextOutsideCalls(start)
         self._calls: CallArray | CallObject | None = None
@@ -38,29 +37,28 @@ class TaggedJsonToolParser(BufferedParser):
             if not self._announced():
                 self._text.no_call(out, self._calls.raw + self._buffer)
 
-    def _step(self, out: Parsed) -> bool:
-        if self._state == "text":
-            return self._read_text(out, "after_tag")
-        if self._state == "after_tag":
-            rest = self._buffer.lstrip(WHITESPACE)
-            if not rest:
-                return False
-            if rest[0] not in "[{":  # no call: the tag is text
-                self._text.no_call(out, self._buffer)
-                self._buffer, self._state = "", "text"
-                return True
-            self._buffer = rest
-            self._calls = CallArray(self._next_index) if rest[0] == "[" else CallObject(self._next_index)
-            self._state = "calls"
+    def _in_text(self, out: Parsed) -> bool:
+        return self._read_text(out, "after_tag")
+
+    def _in_after_tag(self, out: Parsed) -> bool:
+        rest = self._buffer.lstrip(WHITESPACE)
+        if not rest:
+            return False
+        if rest[0] not in "[{":  # no call: the tag is text
+            self._text.no_call(out, self._buffer)
+            self._buffer, self._state = "", "text"
             return True
-        if self._state == "calls":
-            return self._read_calls(out)
+        self._buffer = rest
+        self._calls = CallArray(self._next_index) if rest[0] == "[" else CallObject(self._next_index)
+        self._state = "calls"
+        return True
+
+    def _in_closing(self, out: Parsed) -> bool:
         return self._read_closing(self._closing)
 
-    def _read_calls(self, out: Parsed) -> bool:
+    def _in_calls(self, out: Parsed) -> bool:
         calls = self._calls
-        self._buffer = self._buffer[calls.feed(self._buffer):]
-        out.tool_calls += calls.take()
+        self._read_calls(calls, out)
         complete = calls.done and (isinstance(calls, CallArray) or calls.is_call)
         if complete or calls.failed or calls.done:
             if self._announced():
