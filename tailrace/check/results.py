@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 PASS, FAIL, IGNORED, SKIP = "PASS", "FAIL", "IGNORED", "SKIP"
 STATUSES = (PASS, FAIL, IGNORED, SKIP)
-GROUPS = ("framing", "equivalence", "offsets", "stop", "utf8", "usage", "n", "errors")  # in report order
+GROUPS = ("framing", "equivalence", "offsets", "stop", "utf8", "usage", "n", "tools", "errors")  # in report order
 
 
 class Verdict(Exception):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from tailrace.check import equivalence, errors, framing, offsets, stops, usage, utf8, choices
+from tailrace.check import choices, equivalence, errors, framing, offsets, stops, tools, usage, utf8
 from tailrace.check.results import FAIL, GROUPS, PASS, Result, Verdict
 from tailrace.check.session import Check, Session
 
-GROUP_MODULES = (framing, equivalence, offsets, stops, utf8, usage, choices, errors)  # as results.GROUPS
+GROUP_MODULES = (framing, equivalence, offsets, stops, utf8, usage, choices, tools, errors)  # as results.GROUPS
 # These look at every stream the others made, so they run after them, framing last (and report in GROUPS order).
 RUN_LAST = (usage.GROUP, framing.GROUP)
 

@@ -36,7 +36,11 @@ BUGS = {
     "shared_choices": "n>1 choices share one text_offset counter in the stream",
     "shared_sampler": "n>1 choices share one random draw: every choice says the same",
     "error_422": "bad requests get FastAPI's 422 {detail}, not OpenAI's 400 {error}",
+    "tool_args_cumulative": "each tool-call piece carries all the arguments so far",
+    "tool_name_repeated": "every tool-call piece repeats the call's id and name",
+    "tool_finish_stop": "a stream that made a call ends with finish_reason stop",
 }
+ARGUMENT_PIECE = 5  # characters of a call's arguments per streamed piece
 # Words are one to three tokens; the split ones cut a character in two (é, ï, 日本, 😀).
 WORDS = [[b" Once"], [b" upon"], [b" a"], [b" time"], [b","], [b"."], [b" the"], [b" sea"], [b" is"], [b" calm"],
          [b" caf", b"\xc3", b"\xa9"], [b" na", b"\xc3\xaf", b"ve"], [b" \xe6\x97", b"\xa5\xe6\x9c\xac"],
@@ -110,6 +114,7 @@ class Params:
     logprobs: int | None
     stream: bool
     include_usage: bool
+    call: str | None = None  # chat with tool_choice forcing a call: the function's name
 
     def key(self, choice: int) -> str:
         if self.temperature == 0:
@@ -145,7 +150,22 @@ def parse(endpoint: str, body: dict[str, Any]) -> Params:
     return Params(endpoint, body.get("model", ""), prompt, echo, body.get("max_tokens") or 16, body.get("n") or 1,
                   temperature, body.get("seed"), [stop] if isinstance(stop, str) else stop,
                   bool(body.get("include_stop_str_in_output")), top, bool(body.get("stream")),
-                  bool((body.get("stream_options") or {}).get("include_usage")))
+                  bool((body.get("stream_options") or {}).get("include_usage")), forced_call(endpoint, body))
+
+
+def forced_call(endpoint: str, body: dict[str, Any]) -> str | None:
+    """The function a chat request's tool_choice forces ("required": the first tool), if any."""
+    choice, tools = body.get("tool_choice"), body.get("tools") or []
+    if endpoint != "chat" or not tools:
+        return None
+    if isinstance(choice, dict):
+        return (choice.get("function") or {}).get("name")
+    return tools[0]["function"]["name"] if choice == "required" else None
+
+
+def call_arguments(answer_: Answer) -> str:
+    """The forced call's arguments: the answer's words as its one parameter."""
+    return json.dumps({"city": answer_.text.strip()}, ensure_ascii=False)
 
 
 # ---- logprobs ----------------------------------------------------------------------------------------
@@ -229,7 +249,34 @@ def envelope(params: Params, request_id: str, created: int) -> dict[str, Any]:
     return {"id": request_id, "object": kind, "created": created, "model": params.model}
 
 
+def call_events(params: Params, answers: list[Answer], bug: str) -> Iterator[str]:
+    """A forced call, streamed: its id and name on the first piece, then its arguments in pieces."""
+    head = envelope(params, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+    call_id = f"call_{uuid.uuid4().hex[:24]}"
+    named = {"id": call_id, "type": "function"}
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> str:
+        part = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return "data: " + json.dumps({**head, "choices": [part]}) + "\n\n"
+
+    yield event({"role": "assistant", "tool_calls": [{"index": 0, **named, "function": {"name": params.call,
+                                                                                         "arguments": ""}}]})
+    arguments = call_arguments(answers[0])
+    for end in range(ARGUMENT_PIECE, len(arguments) + ARGUMENT_PIECE, ARGUMENT_PIECE):
+        piece = arguments[:end] if bug == "tool_args_cumulative" else arguments[end - ARGUMENT_PIECE:end]
+        extra = {**named, "function": {"name": params.call, "arguments": piece}} if bug == "tool_name_repeated" \
+            else {"function": {"arguments": piece}}
+        yield event({"tool_calls": [{"index": 0, **extra}]})
+    yield event({}, "stop" if bug == "tool_finish_stop" else "tool_calls")
+    if params.include_usage:
+        yield "data: " + json.dumps({**head, "choices": [], "usage": usage(params, answers)}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def stream_events(params: Params, answers: list[Answer], bug: str) -> Iterator[str]:
+    if params.call is not None:
+        yield from call_events(params, answers, bug)
+        return
     request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     choices = [ChoiceStream(k, a, steps(a, params.stops, bug)) for k, a in enumerate(answers)]
     shared = 0
@@ -302,6 +349,11 @@ def full_choice(params: Params, index: int, answer_: Answer) -> dict[str, Any]:
                 logprobs = join_completion_logprobs(echo_logprobs(params.echo, params.logprobs), logprobs)
         return {"index": index, "text": params.echo + answer_.text, "logprobs": logprobs,
                 "finish_reason": answer_.finish_reason}
+    if params.call is not None:
+        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": params.call, "arguments": call_arguments(answer_)}}
+        return {"index": index, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "logprobs": None, "finish_reason": "tool_calls"}
     logprobs = None if params.logprobs is None else chat_logprobs(answer_.tokens, positions, params.logprobs)
     return {"index": index, "message": {"role": "assistant", "content": params.echo + answer_.text},
             "logprobs": logprobs, "finish_reason": answer_.finish_reason}

@@ -27,6 +27,9 @@ CAUGHT_BY = {
     "shared_choices": ("n", "completions choices apart"),
     "shared_sampler": ("n", "chat choices apart"),
     "error_422": ("errors", "invalid value"),
+    "tool_args_cumulative": ("tools", "chat required call"),
+    "tool_name_repeated": ("tools", "chat required call"),
+    "tool_finish_stop": ("tools", "chat named call"),
 }
 
 
