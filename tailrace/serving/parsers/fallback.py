@@ -28,7 +28,7 @@ class FallbackToolParser(BufferedParser):
         self._inner = inner
         self._tools = tools
         self._bare_json = bare_json
-        self._held = ""  # whitespace before it
+        self._held = ""  # the whitespace before a would-be call, given on with it if it is none
         self._state = "start"  # start | opening | value | closing | inner
         self._form: _Form | None = None
         self._value: JsonValue | None = None
