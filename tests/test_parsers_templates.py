@@ -28,7 +28,10 @@ TOOLS = [
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 CALLS = [("get_weather", {"city": "São Paulo", "days": 3, "units": {"temp": "C"}}), ("get_time", {})]
 USER = {"role": "user", "content": "Weather in São Paulo for 3 days, and the time?"}
-END_OF_TURN = ("<|im_end|>", "<｜end▁of▁sentence｜>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+END_OF_TURN = ("<|im_end|>", "<｜end▁of▁sentence｜>", "<|eot_id|>", "<|end_of_text|>", "</s>", "<turn|>",
+               "<|tool_response>")
+# What a generation prompt adds for a model not asked to think, which the turn as rendered lacks.
+EMPTY_THOUGHT = "<|channel>thought\n<channel|>"  # Gemma 4
 
 # template -> (the tool-call format it teaches, the reasoning parser it gets)
 FORMATS = {
@@ -42,6 +45,7 @@ FORMATS = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": ("llama3", None),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": ("mistral", None),
     "openai-gpt-oss-120b.jinja": ("openai", "harmony"),
+    "google-gemma-4-31B-it.jinja": ("gemma4", None),
 }
 # Templates that render an assistant's tool calls in one turn (Granite 3.3's writes only the
 # content, and SmolLM3's knows no tools), with how many calls the turn may hold.
@@ -68,6 +72,8 @@ def rendered_answer(name: str, calls: list[tuple[str, dict]]) -> tuple[str, str]
     prompt = tokenizer.apply_chat_template([USER], add_generation_prompt=True, tools=TOOLS)
     whole = tokenizer.apply_chat_template([USER, {"role": "assistant", "content": "", "tool_calls": made}],
                                           add_generation_prompt=False, tools=TOOLS)
+    if not whole.startswith(prompt):
+        prompt = prompt.removesuffix(EMPTY_THOUGHT)
     assert whole.startswith(prompt), (prompt[-200:], whole[len(prompt) - 200:])
     answer = whole[len(prompt):]
     ends = [answer.find(marker) for marker in END_OF_TURN if marker in answer]

@@ -7,6 +7,7 @@ gives the same joined result as feeding it whole, so a stream and its non-stream
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +41,25 @@ class Parsed:
         self.tool_calls = merge_calls(self.tool_calls + other.tool_calls)
         self.reasoning += other.reasoning
         return self
+
+
+@dataclass(slots=True)
+class KeyedArguments:
+    """A call's arguments given out a parameter at a time, for formats that write each value apart
+    (XML, pythonic, Gemma 4): the JSON object of the values read, `{"KEY": value` first,
+    `, "KEY": value` after, and `}` (`{}` for none) at the end."""
+
+    index: int  # the call's
+    written: int = 0
+
+    def add(self, key: str, value: Any) -> ToolCallDelta:
+        separator = ", " if self.written else "{"
+        self.written += 1
+        text = json.dumps(value, ensure_ascii=False, default=list)  # a Python set (pythonic) as an array
+        return ToolCallDelta(self.index, None, f"{separator}{json.dumps(key, ensure_ascii=False)}: {text}")
+
+    def close(self) -> ToolCallDelta:
+        return ToolCallDelta(self.index, None, "}" if self.written else "{}")
 
 
 class CallReader(Protocol):

@@ -10,6 +10,7 @@ from tailrace.serving.context import ChatOptions
 from tailrace.serving.parsers import Parsed, ToolParser, ToolSchemas
 from tailrace.serving.parsers.deepseek import CALLS_BEGIN, DeepSeekToolParser
 from tailrace.serving.parsers.fallback import FallbackToolParser
+from tailrace.serving.parsers.gemma4 import Gemma4ToolParser
 from tailrace.serving.parsers.harmony import CHANNEL, HarmonyParser
 from tailrace.serving.parsers.hermes import HermesToolParser
 from tailrace.serving.parsers.llama3 import Llama3JsonToolParser
@@ -34,9 +35,10 @@ TOOL_PARSERS: dict[str, Callable[[ToolSchemas], ToolParser]] = {
     "deepseek_v3": lambda tools: DeepSeekToolParser(),  # V3, R1 and (vLLM's deepseek_v31) V3.1
     "deepseek_v31": lambda tools: DeepSeekToolParser(),
     HARMONY_TOOLS: HarmonyParser,  # gpt-oss: read with its reasoning (harmony_format)
+    "gemma4": lambda tools: Gemma4ToolParser(),  # <|tool_call>call:NAME{key:value}<tool_call|>
 }
 # Formats marked by special tokens, which the detokenizer must keep in the text.
-SPECIAL_TOKEN_FORMATS = ("mistral", "phi4_mini_json", "granite", "deepseek_v3", "deepseek_v31", HARMONY_TOOLS)
+SPECIAL_TOKEN_FORMATS = ("mistral", "phi4_mini_json", "granite", "deepseek_v3", "deepseek_v31", HARMONY_TOOLS, "gemma4")
 # Formats whose own parser reads a bare JSON call object (the fallback leaves it to them).
 _BARE_JSON_FORMATS = ("llama3", "llama3_json")
 # "think" and the names vLLM gives the same <think> format; "harmony" (vLLM: openai_gptoss) for
@@ -50,6 +52,7 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 # template also writes <tool_call>), and what that shows.
 _TEMPLATE_MARKERS = (
     (HARMONY_TOOLS, (CHANNEL, " to="), "it writes harmony messages, calls to=functions.NAME"),
+    ("gemma4", ("<|tool_call>call:",), "it writes <|tool_call>call:NAME{...} calls"),
     ("qwen3_coder", ("<function=", "<parameter="), "it writes <function=NAME><parameter=KEY> calls"),
     ("hermes", ("<tool_call>",), "it writes <tool_call> blocks"),
     ("mistral", ("[TOOL_CALLS]",), "it writes [TOOL_CALLS]"),

@@ -11,9 +11,8 @@ join to `{"KEY": value, ...}` however the answer was split.
 from __future__ import annotations
 
 import ast
-import json
 
-from tailrace.serving.parsers import WHITESPACE, Parsed, ToolCallDelta
+from tailrace.serving.parsers import WHITESPACE, KeyedArguments, Parsed, ToolCallDelta
 
 PYTHON_START = "<|python_start|>"
 PYTHON_END = "<|python_end|>"
@@ -28,7 +27,7 @@ class PythonicToolParser:
         self._state = "start"  # start | list | name | key | value | after_call | done | text
         self._index = 0  # of the current call
         self._open = False  # a call is given out and not yet closed
-        self._arguments = 0  # of the current call, given out
+        self._arguments = KeyedArguments(0)
         self._token = ""  # the name, key or value being read
         self._key = ""
         self._value = _Literal()
@@ -119,13 +118,14 @@ class PythonicToolParser:
             return i + 1
         if ch == "(" and self._token:
             out.tool_calls.append(ToolCallDelta(self._index, self._token, ""))
-            self._raw, self._arguments, self._state, self._token, self._open = "", 0, "key", "", True
+            self._raw, self._state, self._token, self._open = "", "key", "", True
+            self._arguments = KeyedArguments(self._index)
             return i + 1
         self._give_back(out)
         return i
 
     def _key_char(self, ch: str, i: int, out: Parsed) -> int:
-        if ch == "," and not self._token and self._arguments:
+        if ch == "," and not self._token and self._arguments.written:
             return i + 1
         if ch == ")" and not self._token:
             self._close_call(out)
@@ -157,15 +157,12 @@ class PythonicToolParser:
             value = ast.literal_eval(self._token.strip())
         except (ValueError, SyntaxError, RecursionError):
             return False
-        separator = ", " if self._arguments else "{"
-        piece = f"{separator}{json.dumps(self._key, ensure_ascii=False)}: {_json(value)}"
-        out.tool_calls.append(ToolCallDelta(self._index, None, piece))
-        self._arguments += 1
+        out.tool_calls.append(self._arguments.add(self._key, value))
         self._token = ""
         return True
 
     def _close_call(self, out: Parsed) -> None:
-        out.tool_calls.append(ToolCallDelta(self._index, None, "}" if self._arguments else "{}"))
+        out.tool_calls.append(self._arguments.close())
         self._index += 1
         self._open, self._state = False, "after_call"
 
@@ -201,7 +198,3 @@ class _Literal:
                 self.done = True
                 return i
         return len(text)
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, default=list)

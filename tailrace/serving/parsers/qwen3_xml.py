@@ -21,7 +21,8 @@ import ast
 import json
 from typing import Any
 
-from tailrace.serving.parsers import WHITESPACE, BufferedParser, Parsed, TextOutsideCalls, ToolCallDelta, ToolSchemas
+from tailrace.serving.parsers import (WHITESPACE, BufferedParser, KeyedArguments, Parsed, TextOutsideCalls,
+                                      ToolCallDelta, ToolSchemas)
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -43,7 +44,7 @@ class Qwen3XmlToolParser(BufferedParser):
         self._raw = ""  # the current block's text, given back as content if it is no call
         self._name = ""
         self._key = ""
-        self._parameters = 0  # of the current call, given out
+        self._arguments = KeyedArguments(0)
         self._index = 0
 
     def _end(self, out: Parsed) -> None:
@@ -90,7 +91,7 @@ class Qwen3XmlToolParser(BufferedParser):
         if at < 0:
             return False
         self._name = self._take(at + 1)[:-1].strip()
-        self._parameters = 0
+        self._arguments = KeyedArguments(self._index)
         out.tool_calls.append(ToolCallDelta(self._index, self._name, ""))
         self._state = "body"
         return True
@@ -127,13 +128,10 @@ class Qwen3XmlToolParser(BufferedParser):
     def _add_parameter(self, value: str, out: Parsed) -> None:
         value = value.removeprefix("\n").removesuffix("\n")
         typed = typed_value(value, self._tools.get(self._name, {}).get("properties", {}).get(self._key))
-        separator = ", " if self._parameters else "{"
-        piece = f"{separator}{json.dumps(self._key, ensure_ascii=False)}: {json.dumps(typed, ensure_ascii=False)}"
-        self._parameters += 1
-        out.tool_calls.append(ToolCallDelta(self._index, None, piece))
+        out.tool_calls.append(self._arguments.add(self._key, typed))
 
     def _close_call(self, out: Parsed) -> None:
-        out.tool_calls.append(ToolCallDelta(self._index, None, "}" if self._parameters else "{}"))
+        out.tool_calls.append(self._arguments.close())
         self._index += 1
         self._text.after_call = True
 
