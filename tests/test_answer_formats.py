@@ -28,6 +28,8 @@ def test_the_tool_call_format_is_the_one_the_template_writes(template, name):
 
 def test_reasoning_is_parsed_where_the_template_writes_think_blocks():
     assert detect_reasoning_parser("{{ '<think>\\n' }}")[0] == "think"
+    assert detect_reasoning_parser("{{ '<|channel>thought\\n' + text }}")[0] == "gemma4"
+    assert detect_reasoning_parser("{{ '<|channel|>analysis' }}")[0] == "harmony"
     assert detect_reasoning_parser("{{ messages }}")[0] is None
 
 

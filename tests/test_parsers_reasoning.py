@@ -1,4 +1,5 @@
-"""Thinking split off the answer (<think>...</think>), alone and before tool calls, at every split."""
+"""Thinking split off the answer (<think>...</think>, Gemma 4's thought channel), alone and before
+tool calls, at every split."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from parser_streams import Result, check_every_split
 from tailrace.serving.parsers import Parsed
 from tailrace.serving.parsers.choice import AnswerFormat
 from tailrace.serving.parsers.hermes import HermesToolParser
-from tailrace.serving.parsers.reasoning import ThinkParser, thinking_at_start
+from tailrace.serving.parsers.reasoning import REASONING_TAGS, THINK, ThinkParser, ThinkTags, thinking_at_start
 
 
 class ThinkOnly:
     """The think parser in the shape the split harness reads."""
 
-    def __init__(self, open_at_start: bool) -> None:
-        self._parser = ThinkParser(open_at_start)
+    def __init__(self, open_at_start: bool, tags: ThinkTags = THINK) -> None:
+        self._parser = ThinkParser(open_at_start, tags)
 
     def feed(self, text: str) -> Parsed:
         reasoning, content = self._parser.feed(text)
@@ -41,10 +42,24 @@ FIXTURES = {
 }
 
 
+GEMMA4 = {
+    "thought_then_answer": ("<|channel>thought\nParis is in France.\n<channel|>Sunny.",
+                            Result("Sunny.", "Paris is in France.\n")),
+    "no_thought": ("Sunny.", Result("Sunny.")),
+    "a_think_tag_is_answer_text": ("<think>x</think>", Result("<think>x</think>")),
+}
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_reasoning_fixture_splits_the_same_at_every_split(name):
     open_at_start, text, expected = FIXTURES[name]
     check_every_split(functools.partial(ThinkOnly, open_at_start), text, expected)
+
+
+@pytest.mark.parametrize("name", GEMMA4)
+def test_gemma4s_thought_channel_splits_the_same_at_every_split(name):
+    text, expected = GEMMA4[name]
+    check_every_split(functools.partial(ThinkOnly, False, REASONING_TAGS["gemma4"]), text, expected)
 
 
 def test_tool_calls_are_parsed_from_the_answer_only():

@@ -11,7 +11,7 @@ import pytest
 
 from parser_streams import check_every_split, run
 from tailrace.serving.parsers.choice import AnswerFormat, detect_reasoning_parser, detect_tool_parser, tool_parser_for
-from tailrace.serving.parsers.reasoning import thinking_at_start
+from tailrace.serving.parsers.reasoning import REASONING_TAGS, THINK, thinking_at_start
 from tailrace.tokenizer import load_tokenizer
 from tokenizer_fixtures import EMBEDDED, needs_embedded
 
@@ -45,7 +45,7 @@ FORMATS = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": ("llama3", None),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": ("mistral", None),
     "openai-gpt-oss-120b.jinja": ("openai", "harmony"),
-    "google-gemma-4-31B-it.jinja": ("gemma4", None),
+    "google-gemma-4-31B-it.jinja": ("gemma4", "gemma4"),
 }
 # Templates that render an assistant's tool calls in one turn (Granite 3.3's writes only the
 # content, and SmolLM3's knows no tools), with how many calls the turn may hold.
@@ -85,8 +85,9 @@ def test_the_calls_a_template_renders_read_back_exactly_at_every_split(name):
     tool_format, reasoning = FORMATS[name]
     calls = CALLS[:ROUND_TRIPS[name]]
     prompt, answer = rendered_answer(name, calls)
-    thinking = thinking_at_start(prompt) if reasoning else None
-    parser = AnswerFormat(tool_parser_for(tool_format, SCHEMAS), thinking).parser
+    tags = REASONING_TAGS.get(reasoning or "", THINK)
+    thinking = thinking_at_start(prompt, tags) if reasoning else None
+    parser = AnswerFormat(tool_parser_for(tool_format, SCHEMAS), thinking, think_tags=tags).parser
     whole = run(parser(), [answer])
     assert [(n, json.loads(a)) for n, a in whole.calls] == calls, answer
     assert not whole.content.strip() and not whole.reasoning.strip(), answer

@@ -11,7 +11,7 @@ from tailrace.serving.parsers import ToolSchemas
 from tailrace.serving.parsers.choice import (HARMONY_TOOLS, SPECIAL_TOKEN_FORMATS, AnswerFormat,
                                              detect_reasoning_parser, detect_tool_parser, harmony_format,
                                              tool_parser_for)
-from tailrace.serving.parsers.reasoning import THINK_CLOSE, THINK_OPEN, thinking_at_start
+from tailrace.serving.parsers.reasoning import REASONING_TAGS, THINK, THINK_CLOSE, THINK_OPEN, thinking_at_start
 from tailrace.serving.protocol import ChatCompletionRequest
 from tailrace.serving.structured import constraint_for
 from tailrace.tokenizer import Tokenizer
@@ -50,13 +50,13 @@ def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: C
         tool_parser = tool_parser_for(parser_name, tool_schemas(request))
     else:
         tool_parser = None  # "none" still shows the tools to the model, but nothing is parsed
-    open_at_start = None
-    tokens = None
-    if reasoning == "think":
-        open_at_start = thinking_at_start(prompt_text)
-        tokens = think_tokens(tokenizer, open_at_start)
-    return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field),
-                      constraint.spec if constraint is not None else None, tokens, parser_name in SPECIAL_TOKEN_FORMATS)
+    tags = REASONING_TAGS.get(reasoning or "", THINK)
+    open_at_start = thinking_at_start(prompt_text, tags) if reasoning in REASONING_TAGS else None
+    # The engine finds where the answer starts by the tags' token ids, where each tag is one token.
+    tokens = think_tokens(tokenizer, open_at_start) if reasoning == "think" else None
+    special = parser_name in SPECIAL_TOKEN_FORMATS or reasoning == "gemma4"
+    return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field, think_tags=tags),
+                      constraint.spec if constraint is not None else None, tokens, special)
 
 
 def tool_schemas(request: ChatCompletionRequest) -> ToolSchemas:

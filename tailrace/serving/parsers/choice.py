@@ -17,7 +17,7 @@ from tailrace.serving.parsers.llama3 import Llama3JsonToolParser
 from tailrace.serving.parsers.mistral import MistralToolParser
 from tailrace.serving.parsers.pythonic import PythonicToolParser
 from tailrace.serving.parsers.qwen3_xml import Qwen3XmlToolParser
-from tailrace.serving.parsers.reasoning import THINK_OPEN, ThinkParser
+from tailrace.serving.parsers.reasoning import REASONING_TAGS, THINK, ThinkParser, ThinkTags
 from tailrace.serving.parsers.tagged_json import TaggedJsonToolParser
 
 HARMONY_TOOLS = "openai"  # vLLM's name for gpt-oss's tool calls, which harmony_format reads
@@ -44,7 +44,7 @@ _BARE_JSON_FORMATS = ("llama3", "llama3_json")
 # "think" and the names vLLM gives the same <think> format; "harmony" (vLLM: openai_gptoss) for
 # gpt-oss, whose parser reads its tool calls too (vLLM's tool-call parser name for it: openai).
 REASONING_PARSERS = {"think": "think", "deepseek_r1": "think", "qwen3": "think", "harmony": "harmony",
-                     "openai_gptoss": "harmony"}
+                     "openai_gptoss": "harmony", "gemma4": "gemma4"}
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
@@ -81,7 +81,9 @@ def detect_reasoning_parser(chat_template: str | None) -> tuple[str | None, str]
     distills), and why; else None. The parser reads an answer that opens no block as it is."""
     if chat_template and CHANNEL in chat_template:
         return "harmony", "the chat template writes harmony channels (analysis is the reasoning)"
-    if chat_template and THINK_OPEN in chat_template:
+    if chat_template and REASONING_TAGS["gemma4"].open.strip() in chat_template:
+        return "gemma4", "the chat template writes Gemma 4's thought channel"
+    if chat_template and THINK.open in chat_template:
         return "think", "the chat template writes <think> blocks"
     return None, "the chat template writes no thinking block"
 
@@ -120,13 +122,14 @@ class AnswerFormat:
     thinking: bool | None = None  # None: no thinking split; else whether a think block is open at the start
     reasoning_field: str = "reasoning_content"
     harmony: bool = False  # the tool parser is harmony's, which reads the reasoning too
+    think_tags: ThinkTags = THINK
 
     @property
     def has_reasoning(self) -> bool:
         return self.thinking is not None or self.harmony
 
     def parser(self) -> ChoiceParser:
-        think = ThinkParser(self.thinking) if self.thinking is not None else None
+        think = ThinkParser(self.thinking, self.think_tags) if self.thinking is not None else None
         return ChoiceParser(think, self.tool_parser() if self.tool_parser is not None else None)
 
 

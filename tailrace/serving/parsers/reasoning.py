@@ -1,8 +1,11 @@
-"""Thinking inside `<think>...</think>` (Qwen3, DeepSeek-R1): the thinking is reasoning, the
-rest is the answer. Split-safe: a tag arriving in pieces is held until it is whole or ruled out.
+"""Thinking between an opening and a closing tag: `<think>...</think>` (Qwen3, DeepSeek-R1) or
+Gemma 4's thought channel, `<|channel>thought\n...<channel|>`. The thinking is reasoning, the rest
+is the answer. Split-safe: a tag arriving in pieces is held until it is whole or ruled out.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tailrace.serving.parsers import WHITESPACE, held_prefix_len
 
@@ -10,42 +13,54 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
-def thinking_at_start(prompt: str) -> bool:
+@dataclass(frozen=True, slots=True)
+class ThinkTags:
+    open: str
+    close: str
+
+
+THINK = ThinkTags(THINK_OPEN, THINK_CLOSE)
+# Each reasoning format's tags (`--reasoning-parser`); Gemma 4's are special tokens.
+REASONING_TAGS = {"think": THINK, "gemma4": ThinkTags("<|channel>thought\n", "<channel|>")}
+
+
+def thinking_at_start(prompt: str, tags: ThinkTags = THINK) -> bool:
     """Whether the prompt leaves the model inside a think block (templates that open it for the
     model, as DeepSeek-R1's does): the last tag in the prompt is an opening one."""
-    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+    return prompt.rfind(tags.open) > prompt.rfind(tags.close)
 
 
 class ThinkParser:
     """One choice's text in, (reasoning, answer) pieces out.
 
-    Without a think block open at the start, the answer's first characters decide: `<think>`
-    opens one, anything else means the model answers without thinking. Whitespace between the
+    Without a think block open at the start, the answer's first characters decide: the opening
+    tag opens one, anything else means the model answers without thinking. Whitespace between the
     closing tag and the answer is dropped.
     """
 
-    def __init__(self, open_at_start: bool) -> None:
+    def __init__(self, open_at_start: bool, tags: ThinkTags = THINK) -> None:
         self._state = "thinking" if open_at_start else "start"  # start | thinking | after | answer
         self._buffer = ""
+        self._open, self._close = tags.open, tags.close
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buffer += text
         reasoning = ""
         if self._state == "start":
-            if self._buffer.startswith(THINK_OPEN):
-                self._buffer, self._state = self._buffer[len(THINK_OPEN):], "thinking"
-            elif THINK_OPEN.startswith(self._buffer):
+            if self._buffer.startswith(self._open):
+                self._buffer, self._state = self._buffer[len(self._open):], "thinking"
+            elif self._open.startswith(self._buffer):
                 return "", ""  # the tag may be arriving
             else:
                 self._state = "answer"
         if self._state == "thinking":
-            at = self._buffer.find(THINK_CLOSE)
+            at = self._buffer.find(self._close)
             if at < 0:
-                keep = held_prefix_len(self._buffer, THINK_CLOSE)
+                keep = held_prefix_len(self._buffer, self._close)
                 reasoning = self._buffer[:len(self._buffer) - keep]
                 self._buffer = self._buffer[len(reasoning):]
                 return reasoning, ""
-            reasoning, self._buffer, self._state = self._buffer[:at], self._buffer[at + len(THINK_CLOSE):], "after"
+            reasoning, self._buffer, self._state = self._buffer[:at], self._buffer[at + len(self._close):], "after"
         if self._state == "after":
             self._buffer = self._buffer.lstrip(WHITESPACE)
             if not self._buffer:
