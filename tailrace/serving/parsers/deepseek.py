@@ -14,7 +14,7 @@ The markers are special tokens: the serving layer keeps special tokens in the te
 from __future__ import annotations
 
 from tailrace.serving.parsers import WHITESPACE, BufferedParser, Parsed, TextOutsideCalls, ToolCallDelta
-from tailrace.serving.parsers.json_calls import JsonValue
+from tailrace.serving.parsers.json_calls import JsonValue, give_out_arguments
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -29,14 +29,14 @@ class DeepSeekToolParser(BufferedParser):
         self._state = "text"  # text | calls | header | name | fence | arguments | fence_end | call_end
         self._text = TextOutsideCalls(CALLS_BEGIN)
         self._fenced = False  # V3's form: the arguments in a ```json fence
-        self._arguments: JsonValue | None = None
+        self._arguments = JsonValue()
         self._index = 0
         self._open = False  # a call's name is out and its arguments are not complete
 
     def _end(self, out: Parsed) -> None:
         if self._state == "text":
             self._text.end(self._buffer, out)
-        elif self._open and self._arguments is None:  # cut off before the arguments: none
+        elif self._open and self._arguments.kind is None:  # cut off before the arguments: none
             out.tool_calls.append(ToolCallDelta(self._index, None, "{}"))
 
     def _in_text(self, out: Parsed) -> bool:
@@ -89,7 +89,7 @@ class DeepSeekToolParser(BufferedParser):
 
     def _announce(self, name: str, out: Parsed) -> None:
         out.tool_calls.append(ToolCallDelta(self._index, name))
-        self._open, self._arguments = True, None
+        self._open, self._arguments = True, JsonValue()
 
     def _expect(self, tag: str, state: str, skip_line: bool = False) -> bool:
         """Pass `tag` (forgiven where it is missing) on the way to `state`; with skip_line, the
@@ -106,14 +106,7 @@ class DeepSeekToolParser(BufferedParser):
         return True
 
     def _in_arguments(self, out: Parsed) -> bool:
-        if self._arguments is None:
-            self._buffer = self._buffer.lstrip(WHITESPACE)
-            if not self._buffer:
-                return False
-            self._arguments = JsonValue()
-        used = self._arguments.feed(self._buffer)
-        out.tool_calls.append(ToolCallDelta(self._index, None, self._buffer[:used]))
-        self._buffer = self._buffer[used:]
+        self._buffer = give_out_arguments(self._arguments, self._buffer, self._index, out)
         if not self._arguments.done:
             return False
         self._index += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from tailrace.serving.parsers import WHITESPACE, ToolCallDelta
+from tailrace.serving.parsers import WHITESPACE, Parsed, ToolCallDelta
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -64,6 +64,16 @@ class JsonValue:
         """The text ended: a scalar ends with it (anything else stays unfinished)."""
         if self.kind == "scalar":
             self.done = True
+
+
+def give_out_arguments(value: JsonValue, buffer: str, index: int, out: Parsed) -> str:
+    """Call `index`'s arguments, written as one JSON value: the part of `buffer` that belongs to
+    it goes to `out` as written (whitespace before it dropped); what follows it is returned."""
+    if value.kind is None:
+        buffer = buffer.lstrip(WHITESPACE)
+    used = value.feed(buffer)
+    out.tool_calls.append(ToolCallDelta(index, None, buffer[:used]))
+    return buffer[used:]
 
 
 class CallObject:

@@ -9,7 +9,7 @@ parser.
 from __future__ import annotations
 
 from tailrace.serving.parsers import WHITESPACE, BufferedParser, Parsed, TextOutsideCalls, ToolCallDelta, merge_calls
-from tailrace.serving.parsers.json_calls import CallArray, JsonValue
+from tailrace.serving.parsers.json_calls import CallArray, JsonValue, give_out_arguments
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -74,11 +74,7 @@ class MistralToolParser(BufferedParser):
         return True
 
     def _in_args(self, out: Parsed) -> bool:
-        if self._args.kind is None:
-            self._buffer = self._buffer.lstrip(WHITESPACE)
-        used = self._args.feed(self._buffer)
-        out.tool_calls.append(ToolCallDelta(self._next_index, None, self._buffer[:used]))
-        self._buffer = self._buffer[used:]
+        self._buffer = give_out_arguments(self._args, self._buffer, self._next_index, out)
         if not self._args.done:
             return False
         self._next_index += 1
