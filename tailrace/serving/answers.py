@@ -54,7 +54,7 @@ def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: C
     open_at_start = thinking_at_start(prompt_text, tags) if reasoning in REASONING_TAGS else None
     # The engine finds where the answer starts by the tags' token ids, where each tag is one token.
     tokens = think_tokens(tokenizer, open_at_start) if reasoning == "think" else None
-    special = parser_name in SPECIAL_TOKEN_FORMATS or reasoning == "gemma4"
+    special = parser_name in SPECIAL_TOKEN_FORMATS or (open_at_start is not None and tags.special)
     return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field, think_tags=tags),
                       constraint.spec if constraint is not None else None, tokens, special)
 

@@ -77,8 +77,10 @@ def detect_tool_parser(chat_template: str | None) -> tuple[str | None, str]:
 
 
 def detect_reasoning_parser(chat_template: str | None) -> tuple[str | None, str]:
-    """`think` for a template that writes <think> blocks (Qwen3, SmolLM3, DeepSeek-R1 and its
-    distills), and why; else None. The parser reads an answer that opens no block as it is."""
+    """The reasoning format a chat template writes, and why: `harmony` for harmony's channels
+    (gpt-oss), `gemma4` for Gemma 4's thought channel, `think` for <think> blocks (Qwen3, SmolLM3,
+    DeepSeek-R1 and its distills); else None. The parsers read an answer that opens no block as
+    it is."""
     if chat_template and CHANNEL in chat_template:
         return "harmony", "the chat template writes harmony channels (analysis is the reasoning)"
     if chat_template and REASONING_TAGS["gemma4"].open.strip() in chat_template:

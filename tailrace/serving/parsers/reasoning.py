@@ -17,11 +17,12 @@ THINK_CLOSE = "</think>"
 class ThinkTags:
     open: str
     close: str
+    special: bool = False  # special tokens, which the detokenizer must keep in the text
 
 
 THINK = ThinkTags(THINK_OPEN, THINK_CLOSE)
-# Each reasoning format's tags (`--reasoning-parser`); Gemma 4's are special tokens.
-REASONING_TAGS = {"think": THINK, "gemma4": ThinkTags("<|channel>thought\n", "<channel|>")}
+# Each reasoning format's tags (`--reasoning-parser`).
+REASONING_TAGS = {"think": THINK, "gemma4": ThinkTags("<|channel>thought\n", "<channel|>", special=True)}
 
 
 def thinking_at_start(prompt: str, tags: ThinkTags = THINK) -> bool:
