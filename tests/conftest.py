@@ -56,15 +56,18 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def converter() -> Path:
-    """llama.cpp's convert_hf_to_gguf.py tree, from the llama-cpp-python sdist pip downloads (once
-    per environment); run it with tailrace.bench.peers.llamacpp.convert_command."""
+def llamacpp_tree() -> Path:
+    """The parts of llama.cpp's tree the tests use, from the llama-cpp-python sdist pip downloads
+    (once per environment): the converter (convert_hf_to_gguf.py; run it with
+    tailrace.bench.peers.llamacpp.convert_command) and models/ (tokenizer-only GGUFs with
+    llama.cpp's own tokenization vectors beside them, and real chat templates)."""
     from tailrace.bench.peers import llamacpp
 
-    directory = Path(sys.prefix) / "llama.cpp-converter"
-    if not (llamacpp.tree(directory) / "convert_hf_to_gguf.py").is_file():
+    directory = Path(sys.prefix) / "llama.cpp-tree"
+    parts = (*llamacpp.CONVERTER_PARTS, "models/")
+    if not all((llamacpp.tree(directory) / part).exists() for part in parts):
         directory.mkdir(exist_ok=True)
-        llamacpp.fetch_tree(directory, llamacpp.CONVERTER_PARTS)
+        llamacpp.fetch_tree(directory, parts)
     return llamacpp.tree(directory)
 
 

@@ -218,7 +218,7 @@ def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monk
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
 
 
-def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file(tmp_path, converter) -> None:
+def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file(tmp_path, llamacpp_tree) -> None:
     """llama.cpp's converter stacks a layer's experts [experts, rows, blocks]; each expert's
     projections come from its own rows of blocks, as the dense ones do, and agree with the
     dequantizing loader's."""
@@ -226,7 +226,7 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
 
     save_checkpoint(tmp_path / "moe", "qwen3_moe")
     path = tmp_path / "moe-q8_0.gguf"
-    subprocess.run(convert_command(converter, tmp_path / "moe", "q8_0", path), check=True, capture_output=True)
+    subprocess.run(convert_command(llamacpp_tree, tmp_path / "moe", "q8_0", path), check=True, capture_output=True)
     model, config = load_model(str(path), dtype="float32", quantization="int8")
     floats, _ = load_model(str(path), dtype="float32")
     reader = GGUFReader(str(path))
@@ -243,7 +243,7 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
 
 
 @needs_kernel
-def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, converter) -> None:
+def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, llamacpp_tree) -> None:
     """llama.cpp's converter repacks gpt-oss's MXFP4 experts into ggml's MXFP4 blocks; each
     expert's projections are then E2M1 codes on tailrace's kernel (never float weights), with
     their biases, and agree with the dequantizing loader's."""
@@ -251,7 +251,7 @@ def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, 
 
     save_checkpoint(tmp_path / "gpt-oss", "gpt_oss")
     path = tmp_path / "gpt-oss-q8_0.gguf"
-    subprocess.run(convert_command(converter, tmp_path / "gpt-oss", "q8_0", path), check=True, capture_output=True)
+    subprocess.run(convert_command(llamacpp_tree, tmp_path / "gpt-oss", "q8_0", path), check=True, capture_output=True)
     reader = GGUFReader(str(path))
     assert {t.tensor_type for t in reader.tensors if "_exps.weight" in t.name} == {Q.MXFP4}
     model, _ = load_model(str(path), dtype="bfloat16", quantization="int4")

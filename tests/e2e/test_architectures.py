@@ -152,12 +152,12 @@ def reference(model: transformers.PreTrainedModel, prompt: list[int]) -> tuple[l
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
-def served(request, tmp_path_factory: pytest.TempPathFactory, converter: Path) -> Iterator[Served]:
+def served(request, tmp_path_factory: pytest.TempPathFactory, llamacpp_tree: Path) -> Iterator[Served]:
     """The checkpoint served from its safetensors and from llama.cpp's GGUF of it."""
     directory = tmp_path_factory.mktemp(request.param)
     model = save_checkpoint(directory / "model", request.param)
     gguf = directory / f"{request.param}.gguf"
-    subprocess.run(llamacpp.convert_command(converter, directory / "model", "f32", gguf), check=True,
+    subprocess.run(llamacpp.convert_command(llamacpp_tree, directory / "model", "f32", gguf), check=True,
                    capture_output=True)
     common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param,
               *SERVE_ARGS.get(request.param, [])]

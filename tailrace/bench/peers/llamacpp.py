@@ -32,7 +32,7 @@ OUTTYPES = {"float32": "f32", "bfloat16": "bf16"}
 OUTTYPE_BYTES = {"f32": 4, "bf16": 2}
 QUANTS = ("Q8_0", "Q4_0")
 CONVERT_WRAPPER = Path(__file__).with_name("llamacpp_convert.py")
-# What converting takes from the tree (tests/e2e/test_architectures.py unpacks no more).
+# What converting takes from the tree.
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 

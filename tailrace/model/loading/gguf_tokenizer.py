@@ -1,6 +1,6 @@
 """A Hugging Face `tokenizers.Tokenizer` rebuilt from a GGUF file's tokenizer.ggml.* metadata.
 
-Two vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regex
+Two vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
 its tokenizer.ggml.pre names) and "llama" (SentencePiece: ▁-marked pieces with scores, turned into
 BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does).
 """
@@ -8,7 +8,7 @@ BPE with byte fallback and merges ranked by score, as transformers' LlamaConvert
 from __future__ import annotations
 
 from gguf import GGUFReader, TokenType
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from tailrace.model.loading.gguf import metadata
 
@@ -17,14 +17,63 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# tokenizer.ggml.pre -> (splits in order, llama.cpp's ignore_merges: a word in the vocabulary is one token)
+# Qwen3.5: Qwen2's, but a word keeps its combining marks (\p{M}): decomposed "résumé" is one piece,
+# where Qwen2's split cuts it at each mark
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek LLM's words: cased letters (Lu, Ll, Lt) of the scripts these ranges list, as llama.cpp lists
+# them; Han, Hangul and all of U+0800-U+4E00 make runs of their own.
+_DEEPSEEK_CASED = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134"
+    "\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee"
+    "\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+    "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943")
+_DEEPSEEK_PUNCTUATION = "!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002"  # ASCII's, full-width's, CJK's
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_LLM = [r"[\r\n]", rf"\s?[{_DEEPSEEK_CASED}]+", rf"\s?[{_DEEPSEEK_PUNCTUATION}]+", r"\s+$",
+                 _DEEPSEEK_CJK, r"\p{N}+"]
+_DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}"]
+_FALCON = [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, "[0-9][0-9][0-9]"]
+_DIGITS_THEN_GPT2 = [r"\p{N}", _GPT2_SPLIT]  # each digit alone, then GPT-2's split
+# o200k (gpt-oss, Phi-4-mini, Llama 4): the regex of the models' own tokenizer.json, which llama.cpp
+# rewrites without \p{Lu}-style classes its own regex engine lacks
+_O200K_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+                r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> (splits in order, llama.cpp's ignore_merges: a word in the vocabulary is one token).
+# The splits are llama.cpp's for that name (src/llama-vocab.cpp), each splitting the pieces of the one before.
 _PRE_TOKENIZERS = {
     "default": ([_GPT2_SPLIT], False),
     "gpt-2": ([_GPT2_SPLIT], False),
-    "smollm": ([r"\p{N}", _GPT2_SPLIT], False),
+    "mpt": ([_GPT2_SPLIT], False),
+    "smollm": (_DIGITS_THEN_GPT2, False),
+    "starcoder": (_DIGITS_THEN_GPT2, False),
+    "refact": (_DIGITS_THEN_GPT2, False),
+    "command-r": (_DIGITS_THEN_GPT2, False),
+    "falcon": (_FALCON, False),
+    "phi-2": ([_GPT2_SPLIT], False),
     "llama-bpe": ([_LLAMA3_SPLIT], True),
     "llama3": ([_LLAMA3_SPLIT], True),
+    "llama-v3": ([_LLAMA3_SPLIT], True),
+    "falcon3": ([_LLAMA3_SPLIT], True),
+    "pixtral": ([_LLAMA3_SPLIT], True),
+    "lfm2": ([_LLAMA3_SPLIT], True),
     "qwen2": ([_QWEN2_SPLIT], False),
+    "deepseek-r1-qwen": ([_QWEN2_SPLIT], False),
+    "gpt-4o": ([_O200K_SPLIT], False),
+    "llama4": ([_O200K_SPLIT], False),
+    "qwen35": ([_QWEN35_SPLIT], False),
+    "deepseek-llm": (_DEEPSEEK_LLM, False),
+    "deepseek-coder": (_DEEPSEEK_CODER, False),
 }
 _SPACE = "\u2581"
 
@@ -70,11 +119,14 @@ def _sentencepiece(tokens: list[str], scores: list[float], unk: str | None, add_
     vocab = {t: i for i, t in enumerate(tokens)}
     model = models.BPE(vocab, merges_from_scores(vocab, scores), unk_token=unk, fuse_unk=True, byte_fallback=True)
     tokenizer = Tokenizer(model)
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=_SPACE, prepend_scheme="first" if add_space_prefix else "never", split=False)
+    # llama.cpp puts a space before the text and after every added token, even where one is already
+    # there (" Hello" is "▁▁Hello"); Metaspace's prepend skips text that starts with ▁, so a
+    # normalizer does it: it runs on each stretch of text between added tokens.
+    prefix = [normalizers.Prepend(_SPACE)] if add_space_prefix else []
+    tokenizer.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", _SPACE)])
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
-        steps.append(decoders.Strip(" ", 1, 0))  # the space the pre-tokenizer put before the text
+        steps.append(decoders.Strip(" ", 1, 0))  # the space the normalizer put before the text
     tokenizer.decoder = decoders.Sequence(steps)
     return tokenizer
 
