@@ -25,6 +25,7 @@ from tailrace.serving.limits import Limits
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS, resolve_formats
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
+from tailrace.serving.template_fit import fit_to_template
 
 if TYPE_CHECKING:
     from tailrace.api.app import ServerConfig
@@ -269,6 +270,8 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
         log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)
     chat, formats = resolve_formats(chat_options_from(args), tokenizer.chat_template)
     log.info("%s", formats)
+    chat, fit = fit_to_template(chat, tokenizer)
+    log.info("%s", fit)
     server = ServerConfig(served_model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                           metrics_public=args.metrics_public, cors_origins=args.cors_origin + args.allowed_origins,
                           limits=limits, chat=chat, other_model_names=other_names,

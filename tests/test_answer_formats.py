@@ -3,11 +3,17 @@ template where the flags say auto, and said in one start-up line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tailrace.cli import build_parser, chat_options_from
+from tailrace.serving.answers import plan_answer
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.parsers.choice import detect_reasoning_parser, detect_tool_parser, resolve_formats
+from tailrace.serving.protocol import ChatCompletionRequest
+from tailrace.tokenizer import load_tokenizer
+from tokenizer_fixtures import EMBEDDED
 
 QWEN3_CODER = ("{{ '<tool_call>\\n<function=' + name + '>\\n' }}{% for k in args %}{{ '<parameter=' + k + '>' }}"
                "{% endfor %}")
@@ -51,3 +57,30 @@ def test_vllms_reasoning_parser_names_are_accepted(flag, reasoning):
     args = build_parser().parse_args(["serve", "--reasoning-parser", flag, "--tool-call-parser", "qwen3_coder"])
     options = chat_options_from(args)
     assert (options.reasoning_parser, options.tool_call_parser) == (reasoning, "qwen3_coder")
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("a", "b")]
+
+
+def planned(options: ChatOptions, prompt: str, **body):
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                    **body})
+    return plan_answer(request, load_tokenizer(str(EMBEDDED), chat_template="{{ '<think>' }}"), options, prompt)
+
+
+def test_a_template_that_shows_one_call_a_turn_gets_one_call_even_where_the_client_allows_more():
+    plan = planned(ChatOptions(parallel_calls=False), "", tools=TOOLS, tool_choice="required")
+    assert json.loads(plan.structured.json_schema)["maxItems"] == 1 and not plan.format.parallel_calls
+    plan = planned(ChatOptions(), "", tools=TOOLS, tool_choice="required")
+    assert "maxItems" not in json.loads(plan.structured.json_schema) and plan.format.parallel_calls
+    assert not planned(ChatOptions(), "", tools=TOOLS, parallel_tool_calls=False).format.parallel_calls
+
+
+def test_an_answer_has_no_thinking_where_the_prompt_closed_it_or_the_client_asked_for_none():
+    think = ChatOptions(reasoning_parser="think")
+    assert planned(think, "<|im_start|>assistant\n").format.thinking is False  # the answer's start decides
+    closed = planned(think, "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert (closed.format.thinking, closed.thinking) == (None, None)
+    unasked = planned(think, "<|im_start|>assistant\n", reasoning_effort="none")
+    assert (unasked.format.thinking, unasked.thinking) == (None, None)
+    assert planned(think, "<|im_start|>assistant\n<think>\n", reasoning_effort="none").format.thinking is True

@@ -158,3 +158,13 @@ def test_an_engine_failure_mid_stream_is_an_error_event():
     events = message(fake, stream=True)
     assert events[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": events[-1]["error"][
         "message"]}}
+
+
+def test_thinking_disabled_asks_for_no_reasoning_and_enabled_turns_the_switch_on():
+    def chat_of(thinking):
+        return MessagesRequest.model_validate({"model": "tiny", "max_tokens": 8, "thinking": thinking,
+                                               "messages": [{"role": "user", "content": "Hi"}]}).chat_request()
+    off = chat_of({"type": "disabled"})
+    assert (off.reasoning_effort, off.chat_template_kwargs) == ("none", None)
+    on = chat_of({"type": "enabled", "budget_tokens": 1024})
+    assert (on.reasoning_effort, on.chat_template_kwargs) == (None, {"enable_thinking": True})

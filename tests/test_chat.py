@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tailrace.serving.chat import create_chat_completion
+from tailrace.serving.chat import create_chat_completion, template_variables
 from tailrace.serving.errors import OpenAIError
 from tailrace.serving.protocol import ChatCompletionRequest
 from serving_fakes import FakeEngine, Script, context, drain, same_script, tiny_tokenizer
@@ -179,6 +179,16 @@ def test_chat_template_kwargs_cannot_override_the_template_call():
     chat(fake, chat_template_kwargs={"add_generation_prompt": False, "messages": []})
     expected = TOKENIZER.apply_chat_template(MESSAGES, add_generation_prompt=True)
     assert fake.started[0][1] == TOKENIZER.encode(expected, add_special_tokens=False)
+
+
+def test_reasoning_effort_is_a_template_variable_and_none_turns_thinking_off():
+    def variables(**body):
+        return template_variables(ChatCompletionRequest.model_validate({"model": "tiny", "messages": MESSAGES, **body}))
+    assert variables(reasoning_effort="high") == {"reasoning_effort": "high"}
+    assert variables(reasoning_effort="none") == {"reasoning_effort": "none", "enable_thinking": False}
+    assert variables(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True, "messages": []}) == {
+        "reasoning_effort": "none", "enable_thinking": True}
+    assert variables() == {}
 
 
 def test_max_completion_tokens_reaches_the_engine():

@@ -27,8 +27,9 @@ def chat(stream: bool):
     tokenizer = load_tokenizer(str(EMBEDDED), chat_template=TEMPLATE)
     fake = FakeEngine(tokenizer, lambda prompt, sibling: Script(tokenizer.encode(ANSWER, add_special_tokens=False),
                                                                 finish_reason="stop"))
+    # Thinking on: with it off, the template closes an empty thought channel before the answer.
     request = ChatCompletionRequest.model_validate({"model": "tiny", "stream": stream, "tools": TOOLS, "messages": [
-        {"role": "user", "content": "Weather in Paris?"}]})
+        {"role": "user", "content": "Weather in Paris?"}], "chat_template_kwargs": {"enable_thinking": True}})
     context = RequestContext(request_id="req-abc", model_name="tiny", metrics=None, chat=ChatOptions())
 
     async def go():

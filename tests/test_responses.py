@@ -173,3 +173,10 @@ def test_reasoning_items_become_the_reasoning_of_the_assistant_turn_they_start()
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}]
+
+
+def test_reasoning_effort_is_chat_completions_reasoning_effort():
+    request = ResponsesRequest.model_validate({"model": "tiny", "input": "Hi", "reasoning": {"effort": "low"}})
+    assert request.chat_request(request.input_items()).reasoning_effort == "low"
+    plain = ResponsesRequest.model_validate({"model": "tiny", "input": "Hi", "reasoning": {"summary": "auto"}})
+    assert plain.chat_request(plain.input_items()).reasoning_effort is None

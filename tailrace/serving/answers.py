@@ -34,14 +34,16 @@ class AnswerPlan:
 def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: ChatOptions,
                 prompt_text: str) -> AnswerPlan:
     """OpenAIError (400) when response_format or tool_choice cannot be served."""
-    constraint = constraint_for(request)
+    # Several calls in one answer only where the client allows them and the template can show them.
+    parallel = request.parallel_tool_calls and options.parallel_calls
+    constraint = constraint_for(request, parallel)
     template = tokenizer.chat_template
     tools_format = tool_parser_name(options.tool_call_parser, template)
     reasoning = reasoning_parser_name(options.reasoning_parser, template)
     may_call = bool(request.tools) and request.tool_choice in (None, "auto")
     if constraint is None and (tools_format == HARMONY_TOOLS or reasoning == "harmony"):
-        return AnswerPlan(harmony_format(tool_schemas(request) if may_call else None, options.reasoning_field),
-                          keep_special_tokens=True)
+        return AnswerPlan(harmony_format(tool_schemas(request) if may_call else None, options.reasoning_field,
+                                         parallel), keep_special_tokens=True)
     parser_name = None
     if constraint is not None:
         tool_parser = constraint.tool_parser
@@ -52,10 +54,13 @@ def plan_answer(request: ChatCompletionRequest, tokenizer: Tokenizer, options: C
         tool_parser = None  # "none" still shows the tools to the model, but nothing is parsed
     tags = REASONING_TAGS.get(reasoning or "", THINK)
     open_at_start = thinking_at_start(prompt_text, tags) if reasoning in REASONING_TAGS else None
+    if open_at_start is False and request.reasoning_effort == "none":
+        open_at_start = None  # the client asked for no thinking: the answer (and its grammar) starts at once
     # The engine finds where the answer starts by the tags' token ids, where each tag is one token.
-    tokens = think_tokens(tokenizer, open_at_start) if reasoning == "think" else None
+    tokens = think_tokens(tokenizer, open_at_start) if reasoning == "think" and open_at_start is not None else None
     special = parser_name in SPECIAL_TOKEN_FORMATS or (open_at_start is not None and tags.special)
-    return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field, think_tags=tags),
+    return AnswerPlan(AnswerFormat(tool_parser, open_at_start, options.reasoning_field, think_tags=tags,
+                                   parallel_calls=parallel),
                       constraint.spec if constraint is not None else None, tokens, special)
 
 

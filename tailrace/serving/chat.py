@@ -19,6 +19,7 @@ from tailrace.serving.logprobs import chat_logprob_content
 from tailrace.serving.parsers import Parsed, ToolCallDelta
 from tailrace.serving.parsers.choice import AnswerFormat, ChoiceParser
 from tailrace.serving.protocol import ChatCompletionRequest
+from tailrace.serving.template_fit import fit_call_ids
 from tailrace.tokenizer import Tokenizer
 
 OBJECT = "chat.completion"
@@ -36,7 +37,7 @@ async def create_chat_completion(engine: EngineClient, request: ChatCompletionRe
     prompt, answers = render_prompt(engine, request, ctx)
     generation = Generation(engine, head["id"], [prompt], ctx)
     pieces = ChatPieces(engine.tokenizer, request.logprobs, request.top_logprobs or 0,
-                        request.return_tokens_as_token_ids, answers, request.parallel_tool_calls)
+                        request.return_tokens_as_token_ids, answers)
     return await respond(generation, pieces, request, head, OBJECT)
 
 
@@ -47,11 +48,10 @@ def render_prompt(engine: EngineClient, request: ChatCompletionRequest,
     continue_final = request.continue_final_message or request.echo
     try:
         text = engine.tokenizer.apply_chat_template(
-            [m.template_dict() for m in request.messages],
+            fit_call_ids([m.template_dict() for m in request.messages], ctx.chat.call_id_length),
             add_generation_prompt=request.add_generation_prompt and not continue_final,
             tools=[t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None,
-            continue_final_message=continue_final,
-            **{k: v for k, v in (request.chat_template_kwargs or {}).items() if k not in _TEMPLATE_ARGS})
+            continue_final_message=continue_final, **template_variables(request))
     except ValueError as err:
         raise invalid_request(str(err), param="messages") from err
     token_ids = engine.tokenizer.encode(text, add_special_tokens=False)
@@ -62,6 +62,19 @@ def render_prompt(engine: EngineClient, request: ChatCompletionRequest,
     named = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     check_context(len(token_ids), params.max_tokens, engine.max_model_len, chat=True, max_tokens_param=named)
     return Prompt(token_ids, params, request.messages[-1].text() if request.echo else None), plan.format
+
+
+def template_variables(request: ChatCompletionRequest) -> dict[str, Any]:
+    """What the request sets for the template besides the conversation: `reasoning_effort` as
+    gpt-oss's template reads it, "none" also as `enable_thinking` off (Qwen3's and SmolLM3's
+    switch), and chat_template_kwargs over both."""
+    variables: dict[str, Any] = {}
+    if request.reasoning_effort is not None:
+        variables["reasoning_effort"] = request.reasoning_effort
+        if request.reasoning_effort == "none":
+            variables["enable_thinking"] = False
+    variables.update(request.chat_template_kwargs or {})
+    return {k: v for k, v in variables.items() if k not in _TEMPLATE_ARGS}
 
 
 @dataclass(slots=True)
@@ -76,7 +89,6 @@ class ChatPieces:
     top_n: int
     as_token_ids: bool
     answers: AnswerFormat = field(default_factory=AnswerFormat)
-    parallel_tool_calls: bool = True
     _parsers: dict[int, ChoiceParser] = field(default_factory=dict)
     _calls: dict[int, int] = field(default_factory=dict)  # tool calls announced, per choice
 
@@ -110,7 +122,7 @@ class ChatPieces:
             fields[self.answers.reasoning_field] = parsed.reasoning
         if parsed.content:
             fields["content"] = parsed.content
-        calls = [call for call in parsed.tool_calls if self.parallel_tool_calls or call.index == 0]
+        calls = [call for call in parsed.tool_calls if self.answers.parallel_calls or call.index == 0]
         if calls:
             fields["tool_calls"] = [self._wire_call(index, call) for call in calls]
         return fields

@@ -17,6 +17,9 @@ class ChatOptions:
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = "auto"  # "think": <think>...</think> off the answer; None: off
     reasoning_field: str = "reasoning_content"  # or "reasoning" (vLLM's and Ollama's name)
+    # What the chat template takes of tool calls (template_fit.fit_to_template decides it at start-up):
+    parallel_calls: bool = True  # several calls in one assistant turn
+    call_id_length: int | None = None  # call ids cut to their last N letters and digits; None: as issued
 
 
 @dataclass(slots=True)

@@ -311,11 +311,11 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = None  # a template variable (chat.template_variables)
     # Known OpenAI fields that change nothing here: accepted and ignored.
     metadata: dict[str, str] | None = None
     store: bool = False
     service_tier: str | None = None
-    reasoning_effort: str | None = None
     verbosity: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

@@ -105,9 +105,10 @@ class CountTokensRequest(_AnthropicModel):
                              for tool in self.tools]
         if self.tool_choice is not None:
             body.update(_chat_tool_choice(self.tool_choice))
-        if self.thinking is not None:
-            # Qwen3-style templates read this switch; others ignore it.
-            body["chat_template_kwargs"] = {"enable_thinking": self.thinking.type != "disabled"}
+        if self.thinking is not None and self.thinking.type == "disabled":
+            body["reasoning_effort"] = "none"  # chat.template_variables turns enable_thinking off too
+        elif self.thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": True}  # Qwen3-style templates read this switch
         if self.output_config is not None and self.output_config.format is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": self.output_config.format.schema_}}

@@ -89,8 +89,8 @@ class ResponsesRequest(_OpenAIModel):
     background: bool = False
     stream: bool = False
     metadata: dict[str, str] | None = None
+    reasoning: dict[str, Any] | None = None  # its "effort" is Chat Completions' reasoning_effort
     # Known fields that change nothing here: accepted and ignored.
-    reasoning: dict[str, Any] | None = None
     user: str | None = None
     truncation: str | None = None
     service_tier: str | None = None
@@ -115,6 +115,8 @@ class ResponsesRequest(_OpenAIModel):
         sampling = {"max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
                     "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
         body.update({name: value for name, value in sampling.items() if value is not None})
+        if (self.reasoning or {}).get("effort") is not None:
+            body["reasoning_effort"] = self.reasoning["effort"]
         if self.with_logprobs:
             body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.tools:

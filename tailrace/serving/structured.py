@@ -30,10 +30,10 @@ class Constraint:
     tool_parser: Callable[[], ToolParser] | None = None
 
 
-def constraint_for(request: ChatCompletionRequest) -> Constraint | None:
+def constraint_for(request: ChatCompletionRequest, parallel_calls: bool) -> Constraint | None:
     """The grammar a chat request's answer must follow, or None. A forced tool choice wins over
-    response_format: its answer must be the calls."""
-    forced = _forced_tool_choice(request)
+    response_format: its answer must be the calls (several only with `parallel_calls`)."""
+    forced = _forced_tool_choice(request, parallel_calls)
     if forced is not None:
         return forced
     response_format = request.response_format
@@ -46,7 +46,7 @@ def constraint_for(request: ChatCompletionRequest) -> Constraint | None:
     return Constraint(_spec(schema, f"response_format '{fmt.name}'", "response_format"))
 
 
-def _forced_tool_choice(request: ChatCompletionRequest) -> Constraint | None:
+def _forced_tool_choice(request: ChatCompletionRequest, parallel_calls: bool) -> Constraint | None:
     choice = request.tool_choice
     if choice is None or choice in ("none", "auto"):
         return None
@@ -57,7 +57,7 @@ def _forced_tool_choice(request: ChatCompletionRequest) -> Constraint | None:
     if choice == "required":
         for function in functions:
             _check_parameters(function)
-        return Constraint(_spec(required_calls_schema(functions, request.parallel_tool_calls),
+        return Constraint(_spec(required_calls_schema(functions, parallel_calls),
                                 "the tools together", "tools"), RequiredCallsParser)
     name = choice.function.name
     function = next((f for f in functions if f.name == name), None)

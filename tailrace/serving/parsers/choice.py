@@ -110,10 +110,11 @@ def tool_parser_for(name: str | None, tools: ToolSchemas) -> Callable[[], ToolPa
                                       bare_json=name not in _BARE_JSON_FORMATS)
 
 
-def harmony_format(tools: ToolSchemas | None, reasoning_field: str) -> AnswerFormat:
+def harmony_format(tools: ToolSchemas | None, reasoning_field: str, parallel_calls: bool) -> AnswerFormat:
     """gpt-oss's answers: every message read by the harmony parser, reasoning and (where the
     request lets the model call `tools`) tool calls with it."""
-    return AnswerFormat(lambda: HarmonyParser(tools), None, reasoning_field, harmony=True)
+    return AnswerFormat(lambda: HarmonyParser(tools), None, reasoning_field, harmony=True,
+                        parallel_calls=parallel_calls)
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,6 +126,7 @@ class AnswerFormat:
     reasoning_field: str = "reasoning_content"
     harmony: bool = False  # the tool parser is harmony's, which reads the reasoning too
     think_tags: ThinkTags = THINK
+    parallel_calls: bool = True  # else only a choice's first call is given out
 
     @property
     def has_reasoning(self) -> bool:

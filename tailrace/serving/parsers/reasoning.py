@@ -25,9 +25,13 @@ THINK = ThinkTags(THINK_OPEN, THINK_CLOSE)
 REASONING_TAGS = {"think": THINK, "gemma4": ThinkTags("<|channel>thought\n", "<channel|>", special=True)}
 
 
-def thinking_at_start(prompt: str, tags: ThinkTags = THINK) -> bool:
-    """Whether the prompt leaves the model inside a think block (templates that open it for the
-    model, as DeepSeek-R1's does): the last tag in the prompt is an opening one."""
+def thinking_at_start(prompt: str, tags: ThinkTags = THINK) -> bool | None:
+    """True where the prompt leaves the model inside a think block (templates that open it for
+    the model, as DeepSeek-R1's does: the last tag in the prompt is an opening one); None where
+    it ends with a closed one (thinking turned off, as Qwen3's enable_thinking=false writes an
+    empty block), so the answer has no thinking; else False: the answer's start decides."""
+    if prompt.rstrip().endswith(tags.close.strip()):
+        return None
     return prompt.rfind(tags.open) > prompt.rfind(tags.close)
 
 
