@@ -23,6 +23,7 @@ from tailrace.model.quant import QUANTIZATIONS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS, resolve_formats
+from tailrace.serving.pooling import TASKS, resolve_task
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.sampling_defaults import load_sampling_defaults
 from tailrace.serving.template_fit import fit_to_template
@@ -146,6 +147,10 @@ def add_chat_flags(parser: argparse.ArgumentParser) -> None:
                         help="think (or vLLM's deepseek_r1, qwen3): thinking inside <think>...</think> goes to the "
                              "reasoning field, not the content; auto: think where the chat template writes <think> "
                              "blocks; none: off (default: auto)")
+    parser.add_argument("--task", choices=TASKS, default="auto",
+                        help="generate (text) or embed (/v1/embeddings: each input pooled into one vector); auto: "
+                             "embed for a sentence-transformers folder (modules.json) or a base model such as "
+                             "Qwen3Model, generate otherwise (default: auto)")
     parser.add_argument("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
                         help="the message and delta field for the thinking (default: reasoning_content)")
 
@@ -272,9 +277,13 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     log.info("%s", formats)
     chat, fit = fit_to_template(chat, tokenizer)
     log.info("%s", fit)
+    pooling, task = resolve_task(args.task, config.model_path)
+    log.info("%s", task)
+    if pooling is not None and config.tensor_parallel_size > 1:
+        raise ValueError("--task embed runs on one rank: drop --tensor-parallel-size")
     server = ServerConfig(served_model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                           metrics_public=args.metrics_public, cors_origins=args.cors_origin + args.allowed_origins,
-                          limits=limits, chat=chat, other_model_names=other_names,
+                          limits=limits, chat=chat, pooling=pooling, other_model_names=other_names,
                           sampling_defaults=sampling_defaults, log_stats=not args.disable_log_stats,
                           responses_store=StoreLimits(args.responses_store_max_count, args.responses_store_max_bytes))
     forget_readers()  # a GGUF's: the API process has read what it needs of it

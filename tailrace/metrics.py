@@ -77,6 +77,8 @@ class ServerMetrics:
         self.e2e = Histogram(_E2E_BUCKETS)
         self.request_prompt_tokens = Histogram(_TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(_TOKEN_BUCKETS)
+        self.pooling_requests = 0
+        self.pooling_prompt_tokens = 0
         self._stats = EngineStats()
         self._backends: dict[str, str] = {}
 
@@ -99,6 +101,11 @@ class ServerMetrics:
         self.request_prompt_tokens.observe(prompt_tokens)
         self.request_generation_tokens.observe(generation_tokens)
 
+    def count_pooling(self, prompt_tokens: int) -> None:
+        """One embedding request served, its inputs' tokens pooled."""
+        self.pooling_requests += 1
+        self.pooling_prompt_tokens += prompt_tokens
+
     def render(self, stats: EngineStats, backends: dict[str, str] | None = None) -> bytes:
         """The Prometheus text exposition, with the engine's numbers taken from `stats` and what
         runs the model from `backends` (model/backends.py's record; None before the model loads)."""
@@ -114,6 +121,8 @@ class ServerMetrics:
         s = self._stats
         yield own.gauge("num_free_kv_blocks", "Free KV-cache blocks.", s.num_free_blocks)
         yield own.gauge("num_total_kv_blocks", "All KV-cache blocks.", s.num_total_blocks)
+        yield own.counter("pooling_requests", "Embedding requests served.", self.pooling_requests)
+        yield own.counter("pooling_prompt_tokens", "Tokens pooled into embeddings.", self.pooling_prompt_tokens)
         if self._backends:
             # Label names are identifiers: "fused forward not taken" becomes fused_forward_not_taken.
             labels = {re.sub(r"\W+", "_", key): value for key, value in self._backends.items()}

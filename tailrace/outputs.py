@@ -23,6 +23,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None  # the matched stop string or stop token id
+    embedding: list[float] | None = None  # a pooling request's vector, with its finish
 
     @property
     def finished(self) -> bool:

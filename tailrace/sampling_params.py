@@ -61,6 +61,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured: StructuredSpec | None = None  # None: unconstrained
     thinking: ThinkTokens | None = None  # None: the whole output is the answer
+    # "last", "mean" or "cls": the prompt's final hidden states pooled into one vector, nothing generated
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -93,6 +95,8 @@ class SamplingParams:
                    f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
         _check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens",
                f"max_tokens must be at least 0, got {self.max_tokens}")
+        _check(self.pooling is None or (self.max_tokens == 0 and self.n == 1), "pooling",
+               "a pooling request generates nothing: max_tokens 0 and n 1")
         _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be at least 0, got {self.min_tokens}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")

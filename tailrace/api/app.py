@@ -31,7 +31,9 @@ from tailrace.serving.chat import create_chat_completion
 from tailrace.serving.choices import check_token_ids
 from tailrace.serving.completions import create_completion
 from tailrace.serving.context import ChatOptions, RequestContext
+from tailrace.serving.embeddings import EmbeddingRequest, create_embeddings
 from tailrace.serving.limits import Admission, Limits
+from tailrace.serving.pooling import Pooling
 from tailrace.serving.responses_store import StoreLimits
 from tailrace.serving.errors import (OpenAIError, engine_unavailable, from_validation_errors, internal,
                                      invalid_api_key, invalid_request, missing_api_key, payload_too_large)
@@ -52,6 +54,7 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)  # empty: CORS off
     limits: Limits = field(default_factory=Limits)
     chat: ChatOptions = field(default_factory=ChatOptions)  # tool-call and reasoning parsers
+    pooling: Pooling | None = None  # --task embed: how inputs become vectors; None: the model generates
     # More names clients may send (vLLM's `--served-model-name A B`); responses carry the first.
     other_model_names: list[str] = field(default_factory=list)
     sampling_defaults: dict[str, float] = field(default_factory=dict)  # the model's generation_config.json
@@ -121,14 +124,34 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         check_ready(request, engine)
         return await respond(request, create_chat_completion(engine, body, context(request)))
 
+    async def embeddings(request: Request) -> Response:
+        body = await parse_body(request, EmbeddingRequest)
+        check_model(names, body.model)
+        if config.pooling is None:
+            raise invalid_request(f"The model {served} generates text and serves no embeddings: serve an embedding "
+                                  "model, or this one with --task embed.", param="model")
+        check_ready(request, engine)
+        return await respond(request, create_embeddings(engine, body, context(request), config.pooling))
+
+    async def not_generating(request: Request) -> Response:
+        raise invalid_request(f"The model {served} is served for embeddings (--task embed) and generates no text: "
+                              "use /v1/embeddings.", param="model")
+
     for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
         documented = prefix == "/v1"
-        router.add_api_route(f"{prefix}/completions", completions, methods=["POST"], include_in_schema=documented,
-                             openapi_extra=json_body(CompletionRequest))
-        router.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"],
-                             include_in_schema=documented, openapi_extra=json_body(ChatCompletionRequest))
+        generating = config.pooling is None
+        router.add_api_route(f"{prefix}/completions", completions if generating else not_generating, methods=["POST"],
+                             include_in_schema=documented and generating, openapi_extra=json_body(CompletionRequest))
+        router.add_api_route(f"{prefix}/chat/completions", chat_completions if generating else not_generating,
+                             methods=["POST"], include_in_schema=documented and generating,
+                             openapi_extra=json_body(ChatCompletionRequest))
+        router.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"], include_in_schema=False)
+        if not generating:
+            for path in ("/messages", "/messages/count_tokens", "/responses"):
+                router.add_api_route(prefix + path, not_generating, methods=["POST"], include_in_schema=False)
     _add_model_routes(router, engine, names)
-    add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
+    if config.pooling is None:
+        add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
     return router
 
 

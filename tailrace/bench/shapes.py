@@ -84,6 +84,11 @@ SHAPES = {shape.name: shape for shape in (
           extra={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
                  "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
                  "tie_word_embeddings": False}),
+    # Qwen/Qwen3-Embedding-0.6B's shape: Qwen3-0.6B's decoder saved as its base model (no head)
+    Shape("qwen3-embedding-0.6b", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+          num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151669,
+          max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+          architecture="Qwen3Model", model_type="qwen3", extra={"rms_norm_eps": 1e-6}),
     # openai/gpt-oss-20b's shape: 32 experts of 2880, 4 a token; sinks, biases, YaRN, every other
     # layer a window of 128; untied head
     Shape("gpt-oss-20b", hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,

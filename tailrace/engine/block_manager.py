@@ -45,7 +45,8 @@ class BlockManager:
 
     def match_prefix(self, seq: Sequence) -> None:
         """Give a sequence that starts from nothing the cached blocks of its longest cached prefix."""
-        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+        # Prompt logprobs and pooling need every prompt row computed, so neither reuses cached ones.
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None or seq.params.pooling is not None:
             return
         bs = self.block_size
         # Keep at least one token to compute: the step that finishes the prompt must produce logits.

@@ -96,6 +96,7 @@ class EngineClient:
         self.model_path = config.model_path
         self.tokenizer = tokenizer
         self.max_model_len = 0
+        self.hidden_size = 0  # known once the model has loaded
         self.info: ReadyMsg | None = None
         self._processor = OutputProcessor(tokenizer)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -216,6 +217,7 @@ class EngineClient:
         elif isinstance(msg, ReadyMsg):
             self.info, self._stats = msg, msg.stats
             self.max_model_len = msg.max_model_len
+            self.hidden_size = msg.hidden_size
             self._ready.set()
         elif isinstance(msg, FatalMsg):
             self._die(msg.message)

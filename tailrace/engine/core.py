@@ -56,6 +56,7 @@ class SeqOutput:
     stop_reason: int | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first
+    embedding: list[float] | None = None  # a pooling request's vector, once its prompt is computed
 
 
 @dataclass(slots=True)
@@ -171,7 +172,9 @@ class EngineCore:
             if seq.wants_prompt_logprobs and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 out.prompt_logprobs = seq.prompt_logprobs or []
                 seq.prompt_logprobs_sent = True
-            if res.token_id is not None:
+            if res.embedding is not None:
+                out.embedding, seq.finish_reason = res.embedding, "stop"
+            elif res.token_id is not None:
                 self._append(seq, res.token_id, res.logprob, out)
             elif reached_end and seq.max_tokens == 0:
                 seq.finish_reason = "length"

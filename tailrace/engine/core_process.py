@@ -46,6 +46,7 @@ class ReadyMsg(msgspec.Struct, tag="ready"):
     device: str  # "cpu" or "cuda": what "auto" became
     stats: EngineStats
     backends: dict[str, str]  # what runs the model, and why not the rest (model/backends.py)
+    hidden_size: int  # the length of a pooled vector
 
 
 class OutputsMsg(msgspec.Struct, tag="out"):
@@ -92,7 +93,7 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     dtype = str(core.runner.model.dtype).removeprefix("torch.")
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
                                             mc.vocab_size, dtype, core.runner.device.type, core.stats(),
-                                            core.runner.backends.record(core.runner.model))))
+                                            core.runner.backends.record(core.runner.model), mc.hidden_size)))
     try:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +45,7 @@ class StepResult:
     token_id: int | None = None  # None: this step did not reach the end of the sequence
     logprob: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob] | None = None  # for the prompt tokens this chunk predicted
+    embedding: list[float] | None = None  # a pooling sequence's vector, once its prompt is computed
 
 
 @dataclass(slots=True)
@@ -54,6 +55,8 @@ class LogitRows:
     rows: list[int]  # rows of the batch, ascending
     prompt_spans: list[tuple[int, int, int, int]]  # (item, first index in rows, start pos, end pos)
     samplers: list[tuple[int, int]]  # (item, index in rows)
+    # Pooling sequences' rows whose final hidden states this step keeps (no logits): (item, rows)
+    pooled: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -65,6 +68,7 @@ class LaunchedStep:
     sampled: PendingSample | None  # one row per sampling item, in order
     sampling_items: list[int]
     done: torch.cuda.Event | None  # recorded after the copies to the host; None on CPU
+    embeddings: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (item, its pooled vector)
 
 
 class ModelRunner:
@@ -96,6 +100,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
+        self._pooling: dict[int, list[torch.Tensor]] = {}  # seq id -> the hidden states kept of its prompt so far
         _return_freed_heap()
 
     @staticmethod
@@ -179,6 +184,7 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         self.cache.release(seq_id)
+        self._pooling.pop(seq_id, None)
         if self.tp is not None:
             self._released.append(seq_id)
 
@@ -202,6 +208,8 @@ class ModelRunner:
         """Queue the step's forward and sampling; `collect` reads the results. Nothing here waits
         for the device on the common path (see sampler for the exceptions)."""
         graph_size = None if self.graphs is None else decode_size(self.graphs.sizes, scheduled)
+        if graph_size is not None and any(item.seq.params.pooling for item in scheduled):
+            graph_size = None  # a decode graph computes logits, not the hidden states pooling keeps
         inputs = self.inputs.build(scheduled, pad_to=graph_size or 0)
         need = _logit_rows(scheduled, inputs)
         if self.tp is not None:
@@ -212,14 +220,16 @@ class ModelRunner:
             self.threads.start(inputs.input_ids.shape[0])
         self.cache.begin(inputs.batch)
         masks = self._start_masks(scheduled)
+        step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
         if graph_size is not None:
             logits = take_rows(self.graphs.replay(graph_size), need.rows)
+        elif need.pooled:
+            logits = self._forward_pooling(scheduled, inputs, need, step)
         else:
             logits = self.model.compute_logits(self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache,
                                                           need.rows))
         if self.tp is not None:
             self.tp.step_done()
-        step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
         for i, first, start, end in need.prompt_spans:
             seq = scheduled[i].seq
             pending = start_prompt_logprobs(logits[first:first + end - start], seq.prompt_token_ids[start:end + 1],
@@ -241,11 +251,33 @@ class ModelRunner:
             self.threads.finish()
         return step
 
+    def _forward_pooling(self, scheduled: list[ScheduledSeq], inputs: StepInputs, need: LogitRows,
+                         step: LaunchedStep) -> torch.Tensor:
+        """The forward of a step with pooling sequences: the hidden states of every row that needs
+        logits or is pooled, logits only for the first kind. A pooling sequence keeps its rows
+        until its prompt is computed, then pools them all at once, so that how the prompt was
+        split into chunks changes no bit of the sum."""
+        rows = sorted(set(need.rows).union(*(pooled for _, pooled in need.pooled)))
+        at = {row: i for i, row in enumerate(rows)}
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache, rows)
+        logits = self.model.compute_logits(hidden[[at[r] for r in need.rows]]) if need.rows else hidden[:0]
+        for i, pooled in need.pooled:
+            seq = scheduled[i].seq
+            kept = self._pooling.setdefault(seq.seq_id, [])
+            kept.append(hidden[[at[r] for r in pooled]].float())
+            if scheduled[i].samples:  # the prompt's last chunk
+                states = torch.cat(self._pooling.pop(seq.seq_id))
+                vector = states.mean(0) if seq.params.pooling == "mean" else states[0]
+                step.embeddings.append((i, vector.to("cpu", non_blocking=True)))
+        return logits
+
     def collect(self, step: LaunchedStep) -> list[StepResult]:
         """The launched step's results, one per scheduled item: the step's one wait for the device."""
         if step.done is not None:
             step.done.synchronize()
         results = [StepResult() for _ in range(step.num_items)]
+        for i, vector in step.embeddings:
+            results[i].embedding = vector.tolist()
         for i, pending in step.prompt_logprobs:
             results[i].prompt_logprobs = pending.resolve()
         if step.sampled is not None:
@@ -292,5 +324,19 @@ def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
         if item.samples and seq.max_tokens > 0:
             need.samplers.append((i, len(need.rows)))
             need.rows.append(sl.q_start + sl.q_len - 1)
+        if seq.params.pooling is not None:
+            pooled = _pooled_rows(seq.params.pooling, seq.num_computed_tokens, sl.q_start, sl.q_len, item.samples)
+            if pooled or item.samples:  # the last chunk pools what was kept, whether or not it adds rows
+                need.pooled.append((i, pooled))
     return need
+
+
+def _pooled_rows(method: str, computed: int, q_start: int, q_len: int, last_chunk: bool) -> list[int]:
+    """The rows of a pooling sequence's chunk whose hidden states its vector is made of: every
+    row for "mean", the prompt's first for "cls", its last for "last"."""
+    if method == "mean":
+        return list(range(q_start, q_start + q_len))
+    if method == "cls":
+        return [q_start] if computed == 0 else []
+    return [q_start + q_len - 1] if last_chunk else []
 

@@ -95,7 +95,7 @@ class OutputProcessor:
         held_lps = logprobs[:len(held_ids)] if logprobs is not None else None
         released = choice.detokenizer.add(held_ids, held_lps, finished=out.finish_reason is not None)
         delta = CompletionOutput(out.sibling, released.text, released.token_ids, released.logprobs,
-                                 out.finish_reason, out.stop_reason)
+                                 out.finish_reason, out.stop_reason, out.embedding)
         if stop_token and released.stop_str is None:
             delta.token_ids = [*delta.token_ids, ids[-1]]
             if logprobs is not None:

@@ -24,6 +24,7 @@ class RemoteEngine:
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.max_model_len = 0
+        self.hidden_size = 0  # known once a replica's model has loaded
         self.backends: dict[str, str] = {}  # the first ready replica's (every replica runs the same config)
         self._replicas = replicas
         self._streams = replicas.options(stream=True)
@@ -33,6 +34,7 @@ class RemoteEngine:
         """Wait for a replica's model to load, and take the context length from it."""
         info = await self._replicas.ready.remote()
         self.max_model_len = info.max_model_len
+        self.hidden_size = info.hidden_size
         self.backends = info.backends
 
     @property

@@ -89,6 +89,7 @@ class ModelConfig:
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
+    headless = registry.is_base_model((raw.get("architectures") or [""])[0])
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
         raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(_ACTIVATIONS))}")
@@ -116,7 +117,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=raw.get("tie_word_embeddings", entry.gemma_scaling),
+        # A base model (Qwen3Model) has no head of its own: it serves pooling, which reads no logits.
+        tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling),
         attention_bias=entry.qkv_bias_always or raw.get("attention_bias", False),
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",

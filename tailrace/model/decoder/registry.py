@@ -65,6 +65,8 @@ class Architecture:
     # config's defaults its config.json leaves out.
     image_text_name: str = ""
     image_text_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Its base model's class (no language-model head), as embedding models ship it (Qwen3-Embedding)
+    base_name: str = ""
 
     # ModelConfig's features
     qkv_bias_always: bool = False  # q/k/v have biases that no config flag names (Qwen2)
@@ -108,10 +110,10 @@ class Architecture:
 
 
 ARCHITECTURES = (
-    Architecture("LlamaForCausalLM", ("llama",), bias_flag_covers_out=True, gguf_arch="llama", gguf_permuted=True),
-    Architecture("MistralForCausalLM", ("mistral",)),
-    Architecture("Qwen2ForCausalLM", ("qwen2",), qkv_bias_always=True, window_needs_flag=True, gguf_arch="qwen2"),
-    Architecture("Qwen3ForCausalLM", ("qwen3",), bias_flag_covers_out=True, qk_norm=True, window_needs_flag=True,
+    Architecture("LlamaForCausalLM", ("llama",), base_name="LlamaModel", bias_flag_covers_out=True, gguf_arch="llama", gguf_permuted=True),
+    Architecture("MistralForCausalLM", ("mistral",), base_name="MistralModel"),
+    Architecture("Qwen2ForCausalLM", ("qwen2",), base_name="Qwen2Model", qkv_bias_always=True, window_needs_flag=True, gguf_arch="qwen2"),
+    Architecture("Qwen3ForCausalLM", ("qwen3",), base_name="Qwen3Model", bias_flag_covers_out=True, qk_norm=True, window_needs_flag=True,
                  gguf_arch="qwen3"),
     Architecture("SmolLM3ForCausalLM", ("smollm3",), bias_flag_covers_out=True, window_needs_flag=True,
                  nope_interval=4, gguf_arch="smollm3", gguf_permuted=True),
@@ -139,17 +141,23 @@ ARCHITECTURES = (
 
 _BY_NAME = {entry.name: entry for entry in ARCHITECTURES}
 _BY_IMAGE_TEXT_NAME = {entry.image_text_name: entry for entry in ARCHITECTURES if entry.image_text_name}
+_BY_BASE_NAME = {entry.base_name: entry for entry in ARCHITECTURES if entry.base_name}
 _BY_MODEL_TYPE = {model_type: entry for entry in ARCHITECTURES for model_type in entry.model_types}
 # The first entry of each GGUF name is the one its dense files are (llama: Llama, not Mixtral).
 GGUF_ARCHITECTURES = {arch: next(e for e in ARCHITECTURES if e.gguf_arch == arch)
                       for arch in dict.fromkeys(e.gguf_arch for e in ARCHITECTURES if e.gguf_arch)}
-# Every class name config.json may give: the text models' and the image-text ones'.
-SUPPORTED_NAMES = frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME)
+# Every class name config.json may give: the text models', the image-text ones' and the base models'.
+SUPPORTED_NAMES = frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME) | frozenset(_BY_BASE_NAME)
 
 
 def architecture(name: str) -> Architecture:
-    """The entry of a text model's Hugging Face class name; KeyError for any other."""
-    return _BY_NAME[name]
+    """The entry of a text model's (or its base model's) Hugging Face class name; KeyError for any other."""
+    return _BY_NAME[name] if name in _BY_NAME else _BY_BASE_NAME[name]
+
+
+def is_base_model(name: str) -> bool:
+    """Whether `name` is a base model's class: hidden states out, no language-model head."""
+    return name in _BY_BASE_NAME
 
 
 def by_model_type(model_type: str) -> Architecture | None:

@@ -367,6 +367,9 @@ def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]
             yield f"{layer}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}", tensor[expert]
 
 
+_BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
+
+
 def _canonical(name: str) -> str:
     """A checkpoint name as the loader knows it: a multimodal checkpoint's language model's as a
     text model's (Gemma 3's language_model.model.* or model.language_model.*); Mixtral's experts
@@ -375,6 +378,8 @@ def _canonical(name: str) -> str:
     for prefix, text in (("language_model.", ""), ("model.language_model.", "model.")):
         if name.startswith(prefix):
             name = text + name[len(prefix):]
+    if name.startswith(_BASE_MODEL_PARTS):  # a base model's (Qwen3Model): its parts are the causal model's model.*
+        name = "model." + name
     if ".block_sparse_moe." in name:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):

@@ -1,0 +1,108 @@
+"""POST /v1/embeddings: each input pooled by the engine (one prefill, no decode, no KV kept), then
+cut to `dimensions` and normalized here, in OpenAI's shape (vectors as floats, or as base64 of
+little-endian float32, which the openai SDK decodes)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from tailrace.engine.client import EngineClient
+from tailrace.sampling_params import SamplingParams
+from tailrace.serving.choices import Generation, Prompt, check_token_ids, envelope
+from tailrace.serving.context import RequestContext
+from tailrace.serving.errors import invalid_request
+from tailrace.serving.pooling import Pooling
+from tailrace.serving.protocol import Prompt as Inputs
+from tailrace.serving.protocol import _OpenAIModel
+
+
+class EmbeddingRequest(_OpenAIModel):
+    model: str | None = None
+    input: Inputs
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # vLLM's: keep only the last N tokens of each input (-1: as many as the context holds)
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    add_special_tokens: bool = True
+
+
+async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx: RequestContext,
+                            pooling: Pooling) -> dict[str, Any]:
+    """OpenAIError (400) for an input that cannot be embedded, before any is run."""
+    dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
+    token_lists = tokenize_inputs(engine, request)
+    params = SamplingParams(max_tokens=0, pooling=pooling.method)
+    generation = Generation(engine, envelope("embd", "list", ctx)["id"], [Prompt(ids, params) for ids in token_lists],
+                            ctx)
+    vectors: list[list[float] | None] = [None] * len(token_lists)
+    async for step in generation.steps():
+        if step.delta.embedding is not None:
+            vectors[step.choice.index] = step.delta.embedding
+    data = [{"object": "embedding", "index": i, "embedding": _encode(_finish(v, dimensions, pooling.normalize),
+                                                                      request.encoding_format)}
+            for i, v in enumerate(vectors)]
+    tokens = sum(len(ids) for ids in token_lists)
+    if ctx.metrics is not None:
+        ctx.metrics.count_pooling(tokens)
+    return {"object": "list", "data": data, "model": ctx.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def tokenize_inputs(engine: EngineClient, request: EmbeddingRequest) -> list[list[int]]:
+    """Each input's token ids, kept to the last `truncate_prompt_tokens` where asked; an input
+    longer than the context is a 400 that names the limit."""
+    raw = request.input
+    if isinstance(raw, str) or isinstance(raw[0], int):
+        raw = [raw]
+    limit = engine.max_model_len
+    keep = limit if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+    if keep is not None and keep > limit:
+        raise invalid_request(f"truncate_prompt_tokens ({keep}) is over the model's context of {limit} tokens.",
+                              param="truncate_prompt_tokens")
+    token_lists = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str) and not item:
+            raise invalid_request(f"input[{i}] is empty; each input must have at least one token.", param="input")
+        ids = (engine.tokenizer.encode(item, add_special_tokens=request.add_special_tokens) if isinstance(item, str)
+               else list(item))
+        check_token_ids(ids, engine.tokenizer.vocab_size, "input")
+        if keep is not None:
+            ids = ids[-keep:] if keep else []
+        if not ids:
+            raise invalid_request(f"input[{i}] has no tokens to embed.", param="input")
+        if len(ids) > limit:
+            raise invalid_request(f"input[{i}] has {len(ids)} tokens, over the model's limit of {limit} tokens; "
+                                  "shorten it, or set truncate_prompt_tokens.", param="input",
+                                  code="context_length_exceeded")
+        token_lists.append(ids)
+    return token_lists
+
+
+def _check_dimensions(dimensions: int | None, hidden: int, pooling: Pooling) -> int | None:
+    if dimensions is None or dimensions == hidden:
+        return None
+    if not pooling.matryoshka:
+        raise invalid_request("This model does not support 'dimensions': it is not trained for shorter "
+                              "(Matryoshka) embeddings.", param="dimensions")
+    if dimensions > hidden:
+        raise invalid_request(f"dimensions ({dimensions}) is over the model's {hidden}.", param="dimensions")
+    return dimensions
+
+
+def _finish(vector: list[float], dimensions: int | None, normalize: bool) -> np.ndarray:
+    """The first `dimensions` values (Matryoshka), then unit length where the model normalizes."""
+    values = np.asarray(vector, dtype=np.float32)[:dimensions]
+    if normalize:
+        values = values / max(float(np.linalg.norm(values)), 1e-12)  # sentence-transformers' F.normalize eps
+    return values
+
+
+def _encode(values: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(values.astype("<f4").tobytes()).decode("ascii")
+    return values.tolist()

@@ -1,0 +1,95 @@
+"""How an embedding model turns its hidden states into one vector, read once from its folder the
+way sentence-transformers reads it: modules.json lists a Transformer, then a Pooling module (whose
+config.json names the mode) and optionally a Normalize module. A model without modules.json
+served with --task embed pools its last token and normalizes, as vLLM does for decoder models."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tailrace.model.decoder import registry
+
+POOLING_METHODS = ("last", "mean", "cls")
+# sentence-transformers' Pooling config key -> the engine's method
+_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+_UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                      "pooling_mode_weightedmean_tokens")
+_ST = "sentence_transformers.models."
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    method: str  # one of POOLING_METHODS: which hidden states make the vector
+    normalize: bool  # to unit length (sentence-transformers' Normalize module)
+    matryoshka: bool = False  # trained so that a prefix of the vector is an embedding too (`dimensions`)
+
+    def describe(self) -> str:
+        return {"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[
+            self.method] + " hidden state" + (", normalized" if self.normalize else "")
+
+
+TASKS = ("auto", "generate", "embed")
+
+
+def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
+    """What the server serves (`--task`): None to generate, else how it pools; and one line that
+    says which and why. auto embeds a sentence-transformers folder and a base model (Qwen3Model:
+    no language-model head), and generates with anything else."""
+    root = Path(model_path)
+    pooling_modules = any(m.get("type") == _ST + "Pooling" for m in _modules(root))
+    base = _base_model_class(root)
+    if option == "generate" and base:
+        raise ValueError(f"{base} is a base model with no language-model head: it cannot generate; serve it "
+                         "with --task embed")
+    if option == "generate" or (option == "auto" and not (pooling_modules or base)):
+        return None, "task: generate"
+    pooling = read_pooling(model_path)
+    why = "--task embed" if option == "embed" else ("modules.json" if pooling_modules else f"{base} has no head")
+    return pooling, f"task: embed ({why}): {pooling.describe()}"
+
+
+def read_pooling(model_path: str) -> Pooling:
+    """The folder's pooling; ValueError names a module or mode that cannot be served."""
+    root = Path(model_path)
+    modules = _modules(root)
+    matryoshka = _is_matryoshka(root)
+    if not modules:
+        return Pooling("last", True, matryoshka)
+    kinds = {module.get("type", "").removeprefix(_ST): module for module in modules}
+    unknown = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
+    if unknown:
+        raise ValueError(f"{root / 'modules.json'}: the module {kinds[unknown[0]].get('type')!r} cannot be served; "
+                         "supported: Transformer, Pooling, Normalize")
+    if "Pooling" not in kinds:
+        raise ValueError(f"{root / 'modules.json'} lists no Pooling module")
+    method = _pooling_method(json.loads((root / kinds["Pooling"].get("path", "") / "config.json").read_text()))
+    normalize = "Normalize" in kinds
+    return Pooling(method, normalize, matryoshka)
+
+
+def _base_model_class(root: Path) -> str | None:
+    path = root / "config.json"
+    names = (json.loads(path.read_text()) if path.is_file() else {}).get("architectures") or [""]
+    return names[0] if registry.is_base_model(names[0]) else None
+
+
+def _modules(root: Path) -> list[dict]:
+    path = root / "modules.json"
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _pooling_method(config: dict) -> str:
+    on = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    unsupported = [key for key in on if key in _UNSUPPORTED_MODES]
+    if unsupported or len(on) != 1:
+        raise ValueError(f"the Pooling module turns on {', '.join(on) or 'no mode'}; one of {', '.join(_MODES)}, "
+                         "alone, can be served")
+    return _MODES[on[0]]
+
+
+def _is_matryoshka(root: Path) -> bool:
+    path = root / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))

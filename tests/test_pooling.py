@@ -1,0 +1,70 @@
+"""How an embedding model pools, read from its folder as sentence-transformers reads it, and what
+`--task` serves: auto embeds a sentence-transformers folder or a base model and generates with
+anything else; modules and modes that cannot be served stop the server by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from architectures import tiny
+from embedding_models import save_embedding_model
+
+from tailrace.serving.pooling import Pooling, read_pooling, resolve_task
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_embedding_model(tmp_path_factory.mktemp("st") / "model", pooling="mean", normalize=False)
+
+
+def write_config(directory: Path, **config: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_modules_json_names_the_pooling_and_the_normalize_module(folder):
+    assert read_pooling(str(folder)) == Pooling("mean", False)
+    pooling, line = resolve_task("auto", str(folder))
+    assert pooling == Pooling("mean", False) and line == "task: embed (modules.json): the mean of the tokens' hidden state"
+
+
+def test_a_base_model_embeds_by_its_last_token_normalized_and_cannot_generate(tmp_path):
+    base = write_config(tmp_path / "base", **tiny("qwen3", architectures=["Qwen3Model"], is_matryoshka=True))
+    pooling, line = resolve_task("auto", str(base))
+    assert pooling == Pooling("last", True, matryoshka=True)
+    assert line == "task: embed (Qwen3Model has no head): the last token's hidden state, normalized"
+    with pytest.raises(ValueError, match="Qwen3Model is a base model .* serve it with --task embed"):
+        resolve_task("generate", str(base))
+
+
+def test_a_causal_model_generates_unless_told_to_embed(tmp_path):
+    causal = write_config(tmp_path / "causal", **tiny("qwen3"))
+    assert resolve_task("auto", str(causal)) == (None, "task: generate")
+    assert resolve_task("embed", str(causal))[0] == Pooling("last", True)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": False}, "pooling_mode_max_tokens"),
+    ({"pooling_mode_cls_token": True}, "pooling_mode_mean_tokens, pooling_mode_cls_token;"),
+])
+def test_pooling_modes_that_cannot_be_served_are_named(folder, tmp_path, change, words):
+    copy = tmp_path / "copy"
+    (copy / "1_Pooling").mkdir(parents=True)
+    (copy / "modules.json").write_text((folder / "modules.json").read_text())
+    settings = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps({**settings, **change}))
+    with pytest.raises(ValueError, match=words):
+        read_pooling(str(copy))
+
+
+def test_a_module_that_cannot_be_served_is_named(folder, tmp_path):
+    copy = tmp_path / "dense"
+    copy.mkdir()
+    modules = json.loads((folder / "modules.json").read_text())
+    (copy / "modules.json").write_text(json.dumps([*modules, {"idx": 9, "name": "9", "path": "2_Dense",
+                                                              "type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(ValueError, match="'sentence_transformers.models.Dense' cannot be served"):
+        read_pooling(str(copy))

@@ -1,0 +1,64 @@
+"""Pooling in the engine core: a request with `pooling` set is one prefill (no token generated) that
+ends with the pooled final hidden state, as transformers computes it from the base model's
+last_hidden_state; the same split into prefill chunks, with other requests in the batch, and
+with the prefix cache holding its prompt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from embedding_models import save_embedding_model
+
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.sampling_params import SamplingParams
+
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9], [40, 41, 42], [77],
+           list(range(100, 140))]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(save_embedding_model(tmp_path_factory.mktemp("qwen3-embedding")))
+
+
+def core(model_dir: str, **settings: object) -> EngineCore:
+    return EngineCore(EngineConfig(model=model_dir, dtype="float32", num_kv_blocks=64, **settings))
+
+
+def reference(model_dir: str, prompt: list[int], method: str) -> torch.Tensor:
+    model = transformers.Qwen3Model.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
+    return {"last": hidden[-1], "mean": hidden.mean(0), "cls": hidden[0]}[method]
+
+
+def pooled(core: EngineCore, prompts: list[list[int]], method: str) -> list[torch.Tensor]:
+    for i, prompt in enumerate(prompts):
+        core.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=0, pooling=method)))
+    vectors: dict[str, list[float]] = {}
+    while core.has_work():
+        for out in core.step():
+            assert not out.new_token_ids
+            if out.embedding is not None:
+                vectors[out.request_id] = out.embedding
+                assert out.finish_reason == "stop"
+    return [torch.tensor(vectors[f"r{i}"]) for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("method", ["last", "mean", "cls"])
+def test_pooled_vectors_are_transformers_hidden_states_pooled(model_dir, method):
+    for prompt, vector in zip(PROMPTS, pooled(core(model_dir), PROMPTS, method)):
+        torch.testing.assert_close(vector, reference(model_dir, prompt, method), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["last", "mean", "cls"])
+def test_chunks_a_batch_and_the_prefix_cache_change_no_bit(model_dir, method):
+    alone = [pooled(core(model_dir), [p], method)[0] for p in PROMPTS]
+    chunked = core(model_dir, max_num_batched_tokens=8, block_size=4)
+    first = pooled(chunked, PROMPTS, method)
+    again = pooled(chunked, PROMPTS, method)  # every prompt's blocks are in the prefix cache now
+    for a, b, c in zip(alone, first, again):
+        assert torch.equal(a, b) and torch.equal(b, c)
+    assert chunked.blocks.num_free_blocks == chunked.blocks.num_blocks  # no KV kept after pooling
