@@ -62,3 +62,12 @@ def test_chunks_a_batch_and_the_prefix_cache_change_no_bit(model_dir, method):
     for a, b, c in zip(alone, first, again):
         assert torch.equal(a, b) and torch.equal(b, c)
     assert chunked.blocks.num_free_blocks == chunked.blocks.num_blocks  # no KV kept after pooling
+
+
+def test_pooling_under_tensor_parallelism_is_refused_by_name(model_dir):
+    tp = EngineCore(EngineConfig(model=model_dir, dtype="float32", num_kv_blocks=64, tensor_parallel_size=2))
+    try:
+        with pytest.raises(ValueError, match="pooling runs on one rank"):
+            tp.add_request(EngineRequest("r", [1, 2, 3], SamplingParams(max_tokens=0, pooling="last")))
+    finally:
+        tp.shutdown()

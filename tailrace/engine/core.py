@@ -99,6 +99,9 @@ class EngineCore:
         if any(not 0 <= t < vocab for t in req.prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         params = req.params
+        if params.pooling is not None and self.config.tensor_parallel_size > 1:
+            # rank 0 would keep more rows of the last layer than the ranks it sends the step to
+            raise ValueError("pooling runs on one rank: serve the embedding model without tensor parallelism")
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         needed = -(-(prompt_len + max_tokens) // self.config.block_size)
