@@ -25,6 +25,7 @@ from tailrace.tokenizer import load_tokenizer
 class ReplicaInfo:
     max_model_len: int
     backends: dict[str, str]  # what runs the model (model/backends.py's record)
+    hidden_size: int  # the length of a pooled vector
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ class EngineReplica:
         self._name = serve.get_replica_context().replica_id.unique_id
 
     def ready(self) -> ReplicaInfo:
-        return ReplicaInfo(self._engine.max_model_len, self._engine.backends)
+        return ReplicaInfo(self._engine.max_model_len, self._engine.backends, self._engine.hidden_size)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput | ReplicaStats | EngineError]:
         """The request's deltas. When the ingress stops reading (its client went away), Ray cancels this
