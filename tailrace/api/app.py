@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,6 +33,7 @@ from tailrace.serving.choices import check_token_ids
 from tailrace.serving.completions import create_completion
 from tailrace.serving.context import ChatOptions, RequestContext
 from tailrace.serving.embeddings import EmbeddingRequest, create_embeddings
+from tailrace.serving.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.responses_store import StoreLimits
@@ -124,14 +126,20 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         check_ready(request, engine)
         return await respond(request, create_chat_completion(engine, body, context(request)))
 
-    async def embeddings(request: Request) -> Response:
-        body = await parse_body(request, EmbeddingRequest)
-        check_model(names, body.model)
-        if config.pooling is None:
-            raise invalid_request(f"The model {served} generates text and serves no embeddings: serve an embedding "
-                                  "model, or this one with --task embed.", param="model")
-        check_ready(request, engine)
-        return await respond(request, create_embeddings(engine, body, context(request), config.pooling))
+    def pooling_route(schema: type[BaseModel], create: Callable[..., Awaitable[dict[str, Any]]]) -> Callable:
+        async def route(request: Request) -> Response:
+            body = await parse_body(request, schema)
+            check_model(names, body.model)
+            if config.pooling is None:
+                raise invalid_request(f"The model {served} generates text and serves no embeddings: serve an "
+                                      "embedding model, or this one with --task embed.", param="model")
+            check_ready(request, engine)
+            return await respond(request, create(engine, body, context(request), config.pooling))
+        return route
+
+    pooling_routes = {"/embeddings": pooling_route(EmbeddingRequest, create_embeddings),
+                      "/score": pooling_route(ScoreRequest, create_score),
+                      "/rerank": pooling_route(RerankRequest, create_rerank)}
 
     async def not_generating(request: Request) -> Response:
         raise invalid_request(f"The model {served} is served for embeddings (--task embed) and generates no text: "
@@ -145,10 +153,13 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         router.add_api_route(f"{prefix}/chat/completions", chat_completions if generating else not_generating,
                              methods=["POST"], include_in_schema=documented and generating,
                              openapi_extra=json_body(ChatCompletionRequest))
-        router.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"], include_in_schema=False)
+        for path, route in pooling_routes.items():
+            router.add_api_route(prefix + path, route, methods=["POST"], include_in_schema=False)
         if not generating:
             for path in ("/messages", "/messages/count_tokens", "/responses"):
                 router.add_api_route(prefix + path, not_generating, methods=["POST"], include_in_schema=False)
+    # Cohere's v2 client posts here
+    router.add_api_route("/v2/rerank", pooling_routes["/rerank"], methods=["POST"], include_in_schema=False)
     _add_model_routes(router, engine, names)
     if config.pooling is None:
         add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)

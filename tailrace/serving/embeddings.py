@@ -35,49 +35,58 @@ async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx
                             pooling: Pooling) -> dict[str, Any]:
     """OpenAIError (400) for an input that cannot be embedded, before any is run."""
     dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
-    token_lists = tokenize_inputs(engine, request)
-    params = SamplingParams(max_tokens=0, pooling=pooling.method)
-    generation = Generation(engine, envelope("embd", "list", ctx)["id"], [Prompt(ids, params) for ids in token_lists],
-                            ctx)
-    vectors: list[list[float] | None] = [None] * len(token_lists)
-    async for step in generation.steps():
-        if step.delta.embedding is not None:
-            vectors[step.choice.index] = step.delta.embedding
+    token_lists = tokenize_inputs(engine, request.input, request.truncate_prompt_tokens, request.add_special_tokens)
+    vectors = await pooled_vectors(engine, token_lists, ctx, pooling)
     data = [{"object": "embedding", "index": i, "embedding": _encode(_finish(v, dimensions, pooling.normalize),
                                                                       request.encoding_format)}
             for i, v in enumerate(vectors)]
     tokens = sum(len(ids) for ids in token_lists)
-    if ctx.metrics is not None:
-        ctx.metrics.count_pooling(tokens)
     return {"object": "list", "data": data, "model": ctx.model_name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def tokenize_inputs(engine: EngineClient, request: EmbeddingRequest) -> list[list[int]]:
-    """Each input's token ids, kept to the last `truncate_prompt_tokens` where asked; an input
-    longer than the context is a 400 that names the limit."""
-    raw = request.input
+async def pooled_vectors(engine: EngineClient, token_lists: list[list[int]], ctx: RequestContext,
+                         pooling: Pooling) -> list[np.ndarray]:
+    """Each input's pooled vector as the engine returns it (float32, before normalizing), the
+    inputs run together as one request's prompts; counted in /metrics."""
+    params = SamplingParams(max_tokens=0, pooling=pooling.method)
+    generation = Generation(engine, envelope("embd", "list", ctx)["id"], [Prompt(ids, params) for ids in token_lists],
+                            ctx)
+    vectors: list[np.ndarray] = [np.empty(0, dtype=np.float32)] * len(token_lists)
+    async for step in generation.steps():
+        if step.delta.embedding is not None:
+            vectors[step.choice.index] = np.asarray(step.delta.embedding, dtype=np.float32)
+    if ctx.metrics is not None:
+        ctx.metrics.count_pooling(sum(len(ids) for ids in token_lists))
+    return vectors
+
+
+def tokenize_inputs(engine: EngineClient, inputs: Inputs, truncate_prompt_tokens: int | None = None,
+                    add_special_tokens: bool = True, param: str = "input") -> list[list[int]]:
+    """Each input's token ids, kept to the last `truncate_prompt_tokens` where asked (-1: as many
+    as the context holds); an input longer than the context is a 400 that names the limit."""
+    raw = inputs
     if isinstance(raw, str) or isinstance(raw[0], int):
         raw = [raw]
     limit = engine.max_model_len
-    keep = limit if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+    keep = limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens
     if keep is not None and keep > limit:
         raise invalid_request(f"truncate_prompt_tokens ({keep}) is over the model's context of {limit} tokens.",
                               param="truncate_prompt_tokens")
     token_lists = []
     for i, item in enumerate(raw):
         if isinstance(item, str) and not item:
-            raise invalid_request(f"input[{i}] is empty; each input must have at least one token.", param="input")
-        ids = (engine.tokenizer.encode(item, add_special_tokens=request.add_special_tokens) if isinstance(item, str)
+            raise invalid_request(f"{param}[{i}] is empty; each input must have at least one token.", param=param)
+        ids = (engine.tokenizer.encode(item, add_special_tokens=add_special_tokens) if isinstance(item, str)
                else list(item))
-        check_token_ids(ids, engine.tokenizer.vocab_size, "input")
+        check_token_ids(ids, engine.tokenizer.vocab_size, param)
         if keep is not None:
             ids = ids[-keep:] if keep else []
         if not ids:
-            raise invalid_request(f"input[{i}] has no tokens to embed.", param="input")
+            raise invalid_request(f"{param}[{i}] has no tokens to embed.", param=param)
         if len(ids) > limit:
-            raise invalid_request(f"input[{i}] has {len(ids)} tokens, over the model's limit of {limit} tokens; "
-                                  "shorten it, or set truncate_prompt_tokens.", param="input",
+            raise invalid_request(f"{param}[{i}] has {len(ids)} tokens, over the model's limit of {limit} tokens; "
+                                  "shorten it, or set truncate_prompt_tokens.", param=param,
                                   code="context_length_exceeded")
         token_lists.append(ids)
     return token_lists
@@ -94,12 +103,14 @@ def _check_dimensions(dimensions: int | None, hidden: int, pooling: Pooling) -> 
     return dimensions
 
 
-def _finish(vector: list[float], dimensions: int | None, normalize: bool) -> np.ndarray:
+def _finish(vector: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """The first `dimensions` values (Matryoshka), then unit length where the model normalizes."""
-    values = np.asarray(vector, dtype=np.float32)[:dimensions]
-    if normalize:
-        values = values / max(float(np.linalg.norm(values)), 1e-12)  # sentence-transformers' F.normalize eps
-    return values
+    values = vector[:dimensions]
+    return unit_length(values) if normalize else values
+
+
+def unit_length(values: np.ndarray) -> np.ndarray:
+    return values / max(float(np.linalg.norm(values)), 1e-12)  # sentence-transformers' F.normalize eps
 
 
 def _encode(values: np.ndarray, encoding_format: str) -> list[float] | str:

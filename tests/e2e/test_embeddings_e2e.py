@@ -1,8 +1,9 @@
-"""/v1/embeddings through the real server and the openai SDK, on a sentence-transformers folder the
+"""/v1/embeddings, /v1/score and /v1/rerank through the real server and the openai SDK, on a sentence-transformers folder the
 test writes (a random Qwen3 base model, last-token pooling, normalized), served with no flags:
 - each vector is sentence-transformers' `encode` of the same text (cosine >= 0.99999, float32);
 - a text's vector is the same, bit for bit, alone and in a batch of 64 inputs of other lengths;
 - base64 is the float vector's bytes; token-id inputs are the text's ids;
+- a score is the cosine of the two texts' vectors, and rerank orders documents by it;
 - inputs that cannot be embedded get OpenAI-shaped 400s, and the generation routes say the model
   is served for embeddings; a chat model's server says it serves no embeddings.
 """
@@ -123,9 +124,10 @@ def test_the_generation_routes_say_the_model_serves_embeddings(embed_url):
     assert messages.status_code == 400 and messages.json()["type"] == "error"
 
 
-def test_a_chat_models_server_serves_no_embeddings(server_url, auth):
-    response = httpx.post(f"{server_url}/v1/embeddings", headers=auth, json={"model": "tiny", "input": "hi"},
-                          timeout=60)
+@pytest.mark.parametrize("path,body", [("/v1/embeddings", {"input": "hi"}),
+                                       ("/v1/rerank", {"query": "hi", "documents": ["a"]})])
+def test_a_chat_models_server_serves_no_embeddings(server_url, auth, path, body):
+    response = httpx.post(server_url + path, headers=auth, json={"model": "tiny", **body}, timeout=60)
     assert response.status_code == 400 and "--task embed" in response.json()["error"]["message"]
 
 
@@ -139,3 +141,41 @@ def test_langchain_openai_embeddings_are_the_servers(client, embed_url):
                                                               encoding_format="float").data]
     assert np.allclose(embedder.embed_documents(TEXTS[:3]), expected, atol=1e-7)
     assert np.allclose(embedder.embed_query(TEXTS[0]), expected[0], atol=1e-7)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_score_is_the_cosine_of_the_two_texts_embeddings(client, embed_url):
+    vectors = [d.embedding for d in client.embeddings.create(model="embedder", input=TEXTS[:3],
+                                                             encoding_format="float").data]
+    one = httpx.post(f"{embed_url}/v1/score", timeout=60,
+                     json={"model": "embedder", "text_1": TEXTS[0], "text_2": TEXTS[1:3]}).json()
+    assert [d["index"] for d in one["data"]] == [0, 1] and one["object"] == "list"
+    assert np.allclose([d["score"] for d in one["data"]], [cosine(vectors[0], v) for v in vectors[1:3]], atol=1e-6)
+    pairwise = httpx.post(f"{embed_url}/score", timeout=60,
+                          json={"text_1": TEXTS[:2], "text_2": [TEXTS[2], TEXTS[0]]}).json()["data"]
+    assert np.allclose([d["score"] for d in pairwise], [cosine(vectors[0], vectors[2]), cosine(vectors[1], vectors[0])],
+                       atol=1e-6)
+    mismatched = httpx.post(f"{embed_url}/v1/score", timeout=60, json={"text_1": TEXTS[:2], "text_2": TEXTS[:3]})
+    assert mismatched.status_code == 400 and mismatched.json()["error"]["param"] == "text_1"
+
+
+def test_rerank_orders_the_documents_by_that_cosine(client, embed_url):
+    query, documents = TEXTS[0], TEXTS[1:]
+    vectors = [d.embedding for d in client.embeddings.create(model="embedder", input=[query, *documents],
+                                                             encoding_format="float").data]
+    scores = [cosine(vectors[0], v) for v in vectors[1:]]
+    best = sorted(range(len(documents)), key=lambda i: -scores[i])[:2]
+    for path in ("/v1/rerank", "/v2/rerank"):
+        answer = httpx.post(embed_url + path, timeout=60, json={
+            "model": "embedder", "query": query, "documents": [documents[0], *({"text": d} for d in documents[1:])],
+            "top_n": 2}).json()
+        assert [r["index"] for r in answer["results"]] == best
+        assert np.allclose([r["relevance_score"] for r in answer["results"]], [scores[i] for i in best], atol=1e-6)
+        assert [r["document"]["text"] for r in answer["results"]] == [documents[i] for i in best]
+        assert answer["usage"]["total_tokens"] > 0
+    bare = httpx.post(f"{embed_url}/rerank", timeout=60,
+                      json={"query": query, "documents": documents, "return_documents": False}).json()
+    assert len(bare["results"]) == len(documents) and "document" not in bare["results"][0]

@@ -1,0 +1,82 @@
+"""POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's, which vLLM and llama.cpp
+also serve) for an embedding model: each pair's score is the cosine similarity of the two texts'
+pooled vectors, as vLLM scores with an embedding model. Every text is embedded once, all of them
+in one engine request."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Field
+
+from tailrace.engine.client import EngineClient
+from tailrace.serving.choices import envelope
+from tailrace.serving.context import RequestContext
+from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, unit_length
+from tailrace.serving.errors import invalid_request
+from tailrace.serving.pooling import Pooling
+from tailrace.serving.protocol import _OpenAIModel
+
+Texts = str | Annotated[list[str], Field(min_length=1)]
+
+
+class ScoreRequest(_OpenAIModel):
+    model: str | None = None
+    text_1: Texts
+    text_2: Texts
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+
+
+class Document(_OpenAIModel):
+    text: str
+
+
+class RerankRequest(_OpenAIModel):
+    model: str | None = None
+    query: str
+    documents: Annotated[list[str | Document], Field(min_length=1)]
+    top_n: Annotated[int, Field(ge=1)] | None = None
+    return_documents: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+
+
+async def create_score(engine: EngineClient, request: ScoreRequest, ctx: RequestContext,
+                       pooling: Pooling) -> dict[str, Any]:
+    """One score per pair: text_1 against each of text_2, or the two lists pairwise."""
+    firsts = [request.text_1] if isinstance(request.text_1, str) else request.text_1
+    seconds = [request.text_2] if isinstance(request.text_2, str) else request.text_2
+    if len(firsts) != 1 and len(firsts) != len(seconds):
+        raise invalid_request(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: give one text_1, or as "
+                              "many as text_2.", param="text_1")
+    scores, tokens = await _cosines(engine, (firsts, "text_1"), (seconds, "text_2"), request.truncate_prompt_tokens,
+                                    ctx, pooling)
+    head = envelope("score", "list", ctx)
+    return {**head, "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+async def create_rerank(engine: EngineClient, request: RerankRequest, ctx: RequestContext,
+                        pooling: Pooling) -> dict[str, Any]:
+    """The documents by relevance to the query, best first, the first `top_n`."""
+    texts = [d if isinstance(d, str) else d.text for d in request.documents]
+    scores, tokens = await _cosines(engine, ([request.query], "query"), (texts, "documents"),
+                                    request.truncate_prompt_tokens, ctx, pooling)
+    order = sorted(range(len(texts)), key=lambda i: -scores[i])[:request.top_n]
+    results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": texts[i]}}
+                                                              if request.return_documents else {})} for i in order]
+    return {"id": envelope("rerank", "list", ctx)["id"], "model": ctx.model_name, "results": results,
+            "usage": {"total_tokens": tokens}}
+
+
+async def _cosines(engine: EngineClient, firsts: tuple[list[str], str], seconds: tuple[list[str], str],
+                   truncate: int | None, ctx: RequestContext, pooling: Pooling) -> tuple[list[float], int]:
+    """Each pair's cosine (the one first text against every second, or pairwise), and the tokens
+    embedded. Each side is its texts and the request field that holds them (for errors)."""
+    left_ids = tokenize_inputs(engine, firsts[0], truncate, param=firsts[1])
+    token_lists = left_ids + tokenize_inputs(engine, seconds[0], truncate, param=seconds[1])
+    vectors = [unit_length(v) for v in await pooled_vectors(engine, token_lists, ctx, pooling)]
+    lefts, rights = vectors[:len(left_ids)], vectors[len(left_ids):]
+    if len(lefts) == 1:
+        lefts = lefts * len(rights)
+    return [float(np.dot(a, b)) for a, b in zip(lefts, rights)], sum(len(ids) for ids in token_lists)
