@@ -1,4 +1,5 @@
-"""/v1/embeddings, /v1/score and /v1/rerank through the real server and the openai SDK, on a sentence-transformers folder the
+"""/v1/embeddings, /v1/score and /v1/rerank through the real server and the clients (openai,
+LangChain's OpenAIEmbeddings, Cohere's v1 and v2 rerank), on a sentence-transformers folder the
 test writes (a random Qwen3 base model, last-token pooling, normalized), served with no flags:
 - each vector is sentence-transformers' `encode` of the same text (cosine >= 0.99999, float32);
 - a text's vector is the same, bit for bit, alone and in a batch of 64 inputs of other lengths;
@@ -179,3 +180,18 @@ def test_rerank_orders_the_documents_by_that_cosine(client, embed_url):
     bare = httpx.post(f"{embed_url}/rerank", timeout=60,
                       json={"query": query, "documents": documents, "return_documents": False}).json()
     assert len(bare["results"]) == len(documents) and "document" not in bare["results"][0]
+
+
+def test_the_cohere_sdk_reranks_through_v1_and_v2(embed_url):
+    import cohere
+
+    query, documents = TEXTS[0], TEXTS[1:]
+    expected = httpx.post(f"{embed_url}/v1/rerank", timeout=60,
+                          json={"query": query, "documents": documents, "top_n": 3}).json()["results"]
+    v2 = cohere.ClientV2(base_url=embed_url, api_key="unused").rerank(model="embedder", query=query,
+                                                                       documents=documents, top_n=3)
+    v1 = cohere.Client(base_url=embed_url, api_key="unused").rerank(model="embedder", query=query,
+                                                                     documents=documents, top_n=3)
+    for answer in (v2, v1):
+        assert [(r.index, r.relevance_score) for r in answer.results] == [
+            (r["index"], r["relevance_score"]) for r in expected]
