@@ -32,7 +32,7 @@ from tailrace.serving.chat import create_chat_completion
 from tailrace.serving.choices import check_token_ids
 from tailrace.serving.completions import create_completion
 from tailrace.serving.context import ChatOptions, RequestContext
-from tailrace.serving.embeddings import EmbeddingRequest, create_embeddings
+from tailrace.serving.embeddings import EmbeddingRequest, OllamaEmbedRequest, create_embeddings, ollama_embed
 from tailrace.serving.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from tailrace.serving.limits import Admission, Limits
 from tailrace.serving.pooling import Pooling
@@ -140,6 +140,8 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
     pooling_routes = {"/embeddings": pooling_route(EmbeddingRequest, create_embeddings),
                       "/score": pooling_route(ScoreRequest, create_score),
                       "/rerank": pooling_route(RerankRequest, create_rerank)}
+    router.add_api_route("/api/embed", pooling_route(OllamaEmbedRequest, ollama_embed), methods=["POST"],
+                         include_in_schema=False)
 
     async def not_generating(request: Request) -> Response:
         raise invalid_request(f"The model {served} is served for embeddings (--task embed) and generates no text: "

@@ -13,6 +13,7 @@ from tailrace.api.sse import named_sse_stream
 from tailrace.engine.client import EngineClient
 from tailrace.serving.anthropic_messages import AnthropicError, count_tokens, create_message
 from tailrace.serving.context import RequestContext
+from tailrace.serving.embeddings import OllamaError
 from tailrace.serving.errors import OpenAIError
 from tailrace.serving.protocol_anthropic import CountTokensRequest, MessagesRequest
 from tailrace.serving.protocol_responses import ResponsesRequest
@@ -29,6 +30,8 @@ def is_anthropic_route(path: str) -> bool:
 
 def error_for_route(path: str, err: OpenAIError) -> OpenAIError:
     """The error as the route's API writes it."""
+    if path == "/api/embed":
+        return OllamaError.of(err)
     return AnthropicError.of(err) if is_anthropic_route(path) else err
 
 

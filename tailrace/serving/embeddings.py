@@ -1,10 +1,11 @@
 """POST /v1/embeddings: each input pooled by the engine (one prefill, no decode, no KV kept), then
 cut to `dimensions` and normalized here, in OpenAI's shape (vectors as floats, or as base64 of
-little-endian float32, which the openai SDK decodes)."""
+little-endian float32, which the openai SDK decodes). POST /api/embed: the same in Ollama's shape."""
 
 from __future__ import annotations
 
 import base64
+import time
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -14,7 +15,7 @@ from tailrace.engine.client import EngineClient
 from tailrace.sampling_params import SamplingParams
 from tailrace.serving.choices import Generation, Prompt, check_token_ids, envelope
 from tailrace.serving.context import RequestContext
-from tailrace.serving.errors import invalid_request
+from tailrace.serving.errors import OpenAIError, invalid_request
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.protocol import Prompt as Inputs
 from tailrace.serving.protocol import _OpenAIModel
@@ -29,6 +30,41 @@ class EmbeddingRequest(_OpenAIModel):
     # vLLM's: keep only the last N tokens of each input (-1: as many as the context holds)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     add_special_tokens: bool = True
+
+
+class OllamaEmbedRequest(_OpenAIModel):
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1)]
+    truncate: bool = True  # cut each input's end to the context; false: a longer input is an error
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    # Accepted: generation options mean nothing to an embedding, and the model stays loaded.
+    options: dict[str, Any] | None = None
+    keep_alive: str | int | float | None = None
+
+
+class OllamaError(OpenAIError):
+    """An error answered on an Ollama route: the same status, Ollama's `{"error": message}` body."""
+
+    @classmethod
+    def of(cls, err: OpenAIError) -> OllamaError:
+        converted = cls(err.status, err.message, err.type, err.param, err.code)
+        converted.headers = err.headers
+        return converted
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message}
+
+
+async def ollama_embed(engine: EngineClient, request: OllamaEmbedRequest, ctx: RequestContext,
+                       pooling: Pooling) -> dict[str, Any]:
+    """Ollama's /api/embed: vectors always of unit length, as Ollama returns them."""
+    started = time.monotonic_ns()
+    dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
+    token_lists = tokenize_inputs(engine, request.input, -1 if request.truncate else None, keep_start=True)
+    vectors = await pooled_vectors(engine, token_lists, ctx, pooling)
+    return {"model": ctx.model_name, "embeddings": [_finish(v, dimensions, True).tolist() for v in vectors],
+            "total_duration": time.monotonic_ns() - started, "load_duration": 0,
+            "prompt_eval_count": sum(len(ids) for ids in token_lists)}
 
 
 async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx: RequestContext,
@@ -62,9 +98,10 @@ async def pooled_vectors(engine: EngineClient, token_lists: list[list[int]], ctx
 
 
 def tokenize_inputs(engine: EngineClient, inputs: Inputs, truncate_prompt_tokens: int | None = None,
-                    add_special_tokens: bool = True, param: str = "input") -> list[list[int]]:
+                    add_special_tokens: bool = True, param: str = "input", keep_start: bool = False) -> list[list[int]]:
     """Each input's token ids, kept to the last `truncate_prompt_tokens` where asked (-1: as many
-    as the context holds); an input longer than the context is a 400 that names the limit."""
+    as the context holds; `keep_start`: the first, as Ollama cuts); an input longer than the
+    context is a 400 that names the limit."""
     raw = inputs
     if isinstance(raw, str) or isinstance(raw[0], int):
         raw = [raw]
@@ -81,7 +118,7 @@ def tokenize_inputs(engine: EngineClient, inputs: Inputs, truncate_prompt_tokens
                else list(item))
         check_token_ids(ids, engine.tokenizer.vocab_size, param)
         if keep is not None:
-            ids = ids[-keep:] if keep else []
+            ids = ids[:keep] if keep_start else (ids[-keep:] if keep else [])
         if not ids:
             raise invalid_request(f"{param}[{i}] has no tokens to embed.", param=param)
         if len(ids) > limit:

@@ -195,3 +195,21 @@ def test_the_cohere_sdk_reranks_through_v1_and_v2(embed_url):
     for answer in (v2, v1):
         assert [(r.index, r.relevance_score) for r in answer.results] == [
             (r["index"], r["relevance_score"]) for r in expected]
+
+
+def test_ollamas_api_embed_answers_in_its_shape(client, embed_url):
+    expected = [d.embedding for d in client.embeddings.create(model="embedder", input=TEXTS[:2],
+                                                              encoding_format="float").data]
+    answer = httpx.post(f"{embed_url}/api/embed", json={"model": "embedder", "input": TEXTS[:2]}, timeout=60).json()
+    assert answer["model"] == "embedder" and answer["embeddings"] == expected
+    assert answer["prompt_eval_count"] > 0 and answer["total_duration"] > 0
+    long = "word " * 300
+    ids = httpx.post(f"{embed_url}/tokenize", json={"model": "embedder", "prompt": long}, timeout=60).json()["tokens"]
+    cut = httpx.post(f"{embed_url}/api/embed", json={"model": "embedder", "input": long}, timeout=60).json()
+    start = client.embeddings.create(model="embedder", input=[ids[:MAX_MODEL_LEN]], encoding_format="float")
+    assert cut["embeddings"][0] == start.data[0].embedding  # Ollama cuts the end
+    refused = httpx.post(f"{embed_url}/api/embed", json={"model": "embedder", "input": long, "truncate": False},
+                         timeout=60)
+    assert refused.status_code == 400 and "limit of 256 tokens" in refused.json()["error"]
+    unknown = httpx.post(f"{embed_url}/api/embed", json={"model": "nomic-embed-text", "input": "x"}, timeout=60)
+    assert unknown.status_code == 404 and isinstance(unknown.json()["error"], str)
