@@ -1,7 +1,8 @@
 """Embedding checkpoints the tests write: a random decoder saved by transformers as its base model
 (Qwen3-Embedding's layout: `Qwen3Model`, no language-model head), with the byte-level test
 tokenizer, and made a sentence-transformers folder (modules.json, a Pooling module and, where
-asked, a Normalize module) that sentence-transformers itself loads."""
+asked, a Normalize module; a query prompt as Qwen3-Embedding's) that sentence-transformers itself
+loads."""
 
 from __future__ import annotations
 
@@ -43,4 +44,7 @@ def save_embedding_model(directory: Path, pooling: str = "last", normalize: bool
         {"word_embedding_dimension": settings["hidden_size"], **{mode: name == pooling for name, mode in _MODES.items()},
          "pooling_mode_max_tokens": False, "include_prompt": True}))
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "Instruct: find the code\nQuery: ", "document": ""}, "default_prompt_name": None,
+         "similarity_fn_name": "cosine"}))
     return directory

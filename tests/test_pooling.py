@@ -5,6 +5,7 @@ anything else; modules and modes that cannot be served stop the server by name."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,10 @@ def write_config(directory: Path, **config: object) -> Path:
 
 
 def test_modules_json_names_the_pooling_and_the_normalize_module(folder):
-    assert read_pooling(str(folder)) == Pooling("mean", False)
+    prompts = {"query": "Instruct: find the code\nQuery: ", "document": ""}
+    assert read_pooling(str(folder)) == Pooling("mean", False, prompts=prompts)
     pooling, line = resolve_task("auto", str(folder))
-    assert pooling == Pooling("mean", False) and line == "task: embed (modules.json): the mean of the tokens' hidden state"
+    assert pooling.method == "mean" and line == "task: embed (modules.json): the mean of the tokens' hidden state"
 
 
 def test_a_base_model_embeds_by_its_last_token_normalized_and_cannot_generate(tmp_path):
@@ -67,4 +69,24 @@ def test_a_module_that_cannot_be_served_is_named(folder, tmp_path):
     (copy / "modules.json").write_text(json.dumps([*modules, {"idx": 9, "name": "9", "path": "2_Dense",
                                                               "type": "sentence_transformers.models.Dense"}]))
     with pytest.raises(ValueError, match="'sentence_transformers.models.Dense' cannot be served"):
+        read_pooling(str(copy))
+
+
+def test_the_default_prompt_must_be_one_of_the_prompts(folder, tmp_path):
+    copy = tmp_path / "prompts"
+    shutil.copytree(folder, copy)
+    settings = json.loads((copy / "config_sentence_transformers.json").read_text())
+    (copy / "config_sentence_transformers.json").write_text(json.dumps({**settings, "default_prompt_name": "query"}))
+    assert read_pooling(str(copy)).default_prompt == "query"
+    (copy / "config_sentence_transformers.json").write_text(json.dumps({**settings, "default_prompt_name": "x"}))
+    with pytest.raises(ValueError, match="default_prompt_name 'x' is not among its prompts"):
+        read_pooling(str(copy))
+
+
+def test_a_pooling_that_leaves_the_prompt_out_is_refused(folder, tmp_path):
+    copy = tmp_path / "no-prompt"
+    shutil.copytree(folder, copy)
+    settings = json.loads((copy / "1_Pooling" / "config.json").read_text())
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps({**settings, "include_prompt": False}))
+    with pytest.raises(ValueError, match="include_prompt false"):
         read_pooling(str(copy))

@@ -30,6 +30,8 @@ class EmbeddingRequest(_OpenAIModel):
     # vLLM's: keep only the last N tokens of each input (-1: as many as the context holds)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     add_special_tokens: bool = True
+    # A prompt of the model's config_sentence_transformers.json, as text-embeddings-inference takes it
+    prompt_name: str | None = None
 
 
 class OllamaEmbedRequest(_OpenAIModel):
@@ -71,7 +73,8 @@ async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx
                             pooling: Pooling) -> dict[str, Any]:
     """OpenAIError (400) for an input that cannot be embedded, before any is run."""
     dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
-    token_lists = tokenize_inputs(engine, request.input, request.truncate_prompt_tokens, request.add_special_tokens)
+    inputs = with_prompt(request.input, request.prompt_name, pooling)
+    token_lists = tokenize_inputs(engine, inputs, request.truncate_prompt_tokens, request.add_special_tokens)
     vectors = await pooled_vectors(engine, token_lists, ctx, pooling)
     data = [{"object": "embedding", "index": i, "embedding": _encode(_finish(v, dimensions, pooling.normalize),
                                                                       request.encoding_format)}
@@ -95,6 +98,22 @@ async def pooled_vectors(engine: EngineClient, token_lists: list[list[int]], ctx
     if ctx.metrics is not None:
         ctx.metrics.count_pooling(sum(len(ids) for ids in token_lists))
     return vectors
+
+
+def with_prompt(inputs: Inputs, prompt_name: str | None, pooling: Pooling) -> Inputs:
+    """Text inputs with the named prompt (else the model's default one) before each; token ids
+    are taken as they are."""
+    name = prompt_name or pooling.default_prompt
+    if name is None:
+        return inputs
+    if name not in pooling.prompts:
+        known = ", ".join(pooling.prompts) or "none"
+        raise invalid_request(f"prompt_name {name!r} is not a prompt of this model (its prompts: {known}).",
+                              param="prompt_name")
+    prompt = pooling.prompts[name]
+    if isinstance(inputs, str):
+        return prompt + inputs
+    return [prompt + item if isinstance(item, str) else item for item in inputs]
 
 
 def tokenize_inputs(engine: EngineClient, inputs: Inputs, truncate_prompt_tokens: int | None = None,

@@ -6,7 +6,7 @@ served with --task embed pools its last token and normalizes, as vLLM does for d
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailrace.model.decoder import registry
@@ -24,6 +24,10 @@ class Pooling:
     method: str  # one of POOLING_METHODS: which hidden states make the vector
     normalize: bool  # to unit length (sentence-transformers' Normalize module)
     matryoshka: bool = False  # trained so that a prefix of the vector is an embedding too (`dimensions`)
+    # config_sentence_transformers.json's prompts by name ("query": "query: "), put before a text
+    # input as sentence-transformers' encode(prompt_name=...) puts them; the default applies unasked
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt: str | None = None
 
     def describe(self) -> str:
         return {"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[
@@ -55,8 +59,9 @@ def read_pooling(model_path: str) -> Pooling:
     root = Path(model_path)
     modules = _modules(root)
     matryoshka = _is_matryoshka(root)
+    prompts, default_prompt = _prompts(root)
     if not modules:
-        return Pooling("last", True, matryoshka)
+        return Pooling("last", True, matryoshka, prompts, default_prompt)
     kinds = {module.get("type", "").removeprefix(_ST): module for module in modules}
     unknown = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
     if unknown:
@@ -64,9 +69,13 @@ def read_pooling(model_path: str) -> Pooling:
                          "supported: Transformer, Pooling, Normalize")
     if "Pooling" not in kinds:
         raise ValueError(f"{root / 'modules.json'} lists no Pooling module")
-    method = _pooling_method(json.loads((root / kinds["Pooling"].get("path", "") / "config.json").read_text()))
+    settings = json.loads((root / kinds["Pooling"].get("path", "") / "config.json").read_text())
+    method = _pooling_method(settings)
+    if not settings.get("include_prompt", True) and method != "last":
+        raise ValueError("the Pooling module leaves the prompt's tokens out (include_prompt false), which cannot "
+                         "be served")
     normalize = "Normalize" in kinds
-    return Pooling(method, normalize, matryoshka)
+    return Pooling(method, normalize, matryoshka, prompts, default_prompt)
 
 
 def _base_model_class(root: Path) -> str | None:
@@ -87,6 +96,16 @@ def _pooling_method(config: dict) -> str:
         raise ValueError(f"the Pooling module turns on {', '.join(on) or 'no mode'}; one of {', '.join(_MODES)}, "
                          "alone, can be served")
     return _MODES[on[0]]
+
+
+def _prompts(root: Path) -> tuple[dict[str, str], str | None]:
+    path = root / "config_sentence_transformers.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    prompts = config.get("prompts") or {}
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"{path}: default_prompt_name {default!r} is not among its prompts")
+    return prompts, default
 
 
 def _is_matryoshka(root: Path) -> bool:

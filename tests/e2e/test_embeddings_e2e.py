@@ -57,6 +57,16 @@ def test_vectors_are_sentence_transformers_encode(client, embedder_dir):
     assert answer.usage.prompt_tokens == answer.usage.total_tokens > len(TEXTS)
 
 
+def test_a_named_prompt_goes_before_each_text_as_sentence_transformers_puts_it(client, embedder_dir):
+    expected = SentenceTransformer(str(embedder_dir), device="cpu").encode(TEXTS[:2], prompt_name="query",
+                                                                          convert_to_numpy=True)
+    got = np.array([d.embedding for d in client.embeddings.create(
+        model="embedder", input=TEXTS[:2], encoding_format="float", extra_body={"prompt_name": "query"}).data])
+    assert ((got * expected).sum(1) >= 0.99999).all()
+    with pytest.raises(openai.BadRequestError, match="prompt_name 'passage' is not a prompt of this model"):
+        client.embeddings.create(model="embedder", input="x", extra_body={"prompt_name": "passage"})
+
+
 def test_metrics_count_embedding_requests_and_their_tokens(client, embed_url):
     def counters() -> dict[str, float]:
         text = httpx.get(f"{embed_url}/metrics", timeout=60).text
