@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -177,7 +178,7 @@ def _load_hf_tokenizer(path: str) -> Tokenizer:
         hf = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
     except Exception as exc:  # the tokenizers library raises a bare Exception
         raise ValueError(f"{root / 'tokenizer.json'} is not a readable tokenizer: {exc}") from exc
-    config = _read_json(root / "tokenizer_config.json")
+    config = read_json(root / "tokenizer_config.json")
 
     def token_id(key: str) -> int | None:
         content = config.get(key)
@@ -186,7 +187,7 @@ def _load_hf_tokenizer(path: str) -> Tokenizer:
         return hf.token_to_id(content) if content else None
 
     eos_ids = [token_id("eos_token")]
-    eos_ids += _as_list(_read_json(root / "generation_config.json").get("eos_token_id"))
+    eos_ids += _as_list(read_json(root / "generation_config.json").get("eos_token_id"))
     special_ids = frozenset(i for i, tok in hf.get_added_tokens_decoder().items() if tok.special)
     return Tokenizer(
         hf=hf,
@@ -221,7 +222,8 @@ def _load_gguf_tokenizer(path: str) -> Tokenizer:
     )
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> Any:
+    """A JSON file of a model folder; {} where the folder has none."""
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 

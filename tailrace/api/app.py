@@ -147,9 +147,9 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
         raise invalid_request(f"The model {served} is served for embeddings (--task embed) and generates no text: "
                               "use /v1/embeddings.", param="model")
 
+    generating = config.pooling is None
     for prefix in ("/v1", ""):  # clients set base_url with or without /v1; the spec shows /v1
         documented = prefix == "/v1"
-        generating = config.pooling is None
         router.add_api_route(f"{prefix}/completions", completions if generating else not_generating, methods=["POST"],
                              include_in_schema=documented and generating, openapi_extra=json_body(CompletionRequest))
         router.add_api_route(f"{prefix}/chat/completions", chat_completions if generating else not_generating,
@@ -163,7 +163,7 @@ def _openai_routes(engine: EngineClient, config: ServerConfig, metrics: ServerMe
     # Cohere's v2 client posts here
     router.add_api_route("/v2/rerank", pooling_routes["/rerank"], methods=["POST"], include_in_schema=False)
     _add_model_routes(router, engine, names)
-    if config.pooling is None:
+    if generating:
         add_extra_routes(router, engine, names, context, config.sampling_defaults, config.responses_store)
     return router
 

@@ -310,7 +310,8 @@ def _return_freed_heap() -> None:
 
 def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
     """The rows that need logits: the last row of each item that samples, and the rows that
-    predict prompt tokens for prompt_logprobs."""
+    predict prompt tokens for prompt_logprobs; and apart, the rows whose hidden states pooling
+    sequences keep."""
     need = LogitRows([], [], [])
     for i, (item, sl) in enumerate(zip(scheduled, inputs.batch.seqs)):
         seq = item.seq

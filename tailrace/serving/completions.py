@@ -14,7 +14,7 @@ from tailrace.serving.context import RequestContext
 from tailrace.serving.logprobs import (
     completion_logprobs, empty_completion_logprobs, extend_completion_logprobs, token_offsets,
 )
-from tailrace.serving.protocol import CompletionRequest
+from tailrace.serving.protocol import CompletionRequest, prompt_list
 from tailrace.tokenizer import Tokenizer
 
 OBJECT = "text_completion"
@@ -35,12 +35,9 @@ def tokenize_prompts(engine: EngineClient, request: CompletionRequest) -> list[P
     """One Prompt per prompt the client sent. A text prompt echoes as sent; token ids echo as
     their decoded text."""
     tokenizer = engine.tokenizer
-    raw = request.prompt
-    if isinstance(raw, str) or isinstance(raw[0], int):
-        raw = [raw]
     params = request.to_sampling_params()
     prompts = []
-    for item in raw:
+    for item in prompt_list(request.prompt):
         token_ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
         check_token_ids(token_ids, tokenizer.vocab_size, "prompt")
         check_context(len(token_ids), params.max_tokens, engine.max_model_len, chat=False)

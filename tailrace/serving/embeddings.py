@@ -18,7 +18,7 @@ from tailrace.serving.context import RequestContext
 from tailrace.serving.errors import OpenAIError, invalid_request
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.protocol import Prompt as Inputs
-from tailrace.serving.protocol import _OpenAIModel
+from tailrace.serving.protocol import _OpenAIModel, prompt_list
 
 
 class EmbeddingRequest(_OpenAIModel):
@@ -100,37 +100,33 @@ async def pooled_vectors(engine: EngineClient, token_lists: list[list[int]], ctx
     return vectors
 
 
-def with_prompt(inputs: Inputs, prompt_name: str | None, pooling: Pooling) -> Inputs:
+def with_prompt(inputs: Inputs, prompt_name: str | None, pooling: Pooling) -> list[str | list[int]]:
     """Text inputs with the named prompt (else the model's default one) before each; token ids
     are taken as they are."""
     name = prompt_name or pooling.default_prompt
     if name is None:
-        return inputs
+        return prompt_list(inputs)
     if name not in pooling.prompts:
         known = ", ".join(pooling.prompts) or "none"
         raise invalid_request(f"prompt_name {name!r} is not a prompt of this model (its prompts: {known}).",
                               param="prompt_name")
     prompt = pooling.prompts[name]
-    if isinstance(inputs, str):
-        return prompt + inputs
-    return [prompt + item if isinstance(item, str) else item for item in inputs]
+    return [prompt + item if isinstance(item, str) else item for item in prompt_list(inputs)]
 
 
-def tokenize_inputs(engine: EngineClient, inputs: Inputs, truncate_prompt_tokens: int | None = None,
-                    add_special_tokens: bool = True, param: str = "input", keep_start: bool = False) -> list[list[int]]:
+def tokenize_inputs(engine: EngineClient, inputs: Inputs | list[str | list[int]],
+                    truncate_prompt_tokens: int | None = None, add_special_tokens: bool = True, param: str = "input",
+                    keep_start: bool = False) -> list[list[int]]:
     """Each input's token ids, kept to the last `truncate_prompt_tokens` where asked (-1: as many
     as the context holds; `keep_start`: the first, as Ollama cuts); an input longer than the
     context is a 400 that names the limit."""
-    raw = inputs
-    if isinstance(raw, str) or isinstance(raw[0], int):
-        raw = [raw]
     limit = engine.max_model_len
     keep = limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens
     if keep is not None and keep > limit:
         raise invalid_request(f"truncate_prompt_tokens ({keep}) is over the model's context of {limit} tokens.",
                               param="truncate_prompt_tokens")
     token_lists = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(prompt_list(inputs)):
         if isinstance(item, str) and not item:
             raise invalid_request(f"{param}[{i}] is empty; each input must have at least one token.", param=param)
         ids = (engine.tokenizer.encode(item, add_special_tokens=add_special_tokens) if isinstance(item, str)

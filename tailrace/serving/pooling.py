@@ -5,23 +5,20 @@ served with --task embed pools its last token and normalizes, as vLLM does for d
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailrace.model.decoder import registry
+from tailrace.tokenizer import read_json
 
-POOLING_METHODS = ("last", "mean", "cls")
-# sentence-transformers' Pooling config key -> the engine's method
+# sentence-transformers' Pooling config key -> the engine's method (SamplingParams.pooling)
 _MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-_UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                      "pooling_mode_weightedmean_tokens")
 _ST = "sentence_transformers.models."
 
 
 @dataclass(frozen=True, slots=True)
 class Pooling:
-    method: str  # one of POOLING_METHODS: which hidden states make the vector
+    method: str  # "last", "mean" or "cls": which hidden states make the vector
     normalize: bool  # to unit length (sentence-transformers' Normalize module)
     matryoshka: bool = False  # trained so that a prefix of the vector is an embedding too (`dimensions`)
     # config_sentence_transformers.json's prompts by name ("query": "query: "), put before a text
@@ -69,7 +66,7 @@ def read_pooling(model_path: str) -> Pooling:
                          "supported: Transformer, Pooling, Normalize")
     if "Pooling" not in kinds:
         raise ValueError(f"{root / 'modules.json'} lists no Pooling module")
-    settings = json.loads((root / kinds["Pooling"].get("path", "") / "config.json").read_text())
+    settings = read_json(root / kinds["Pooling"].get("path", "") / "config.json")
     method = _pooling_method(settings)
     if not settings.get("include_prompt", True) and method != "last":
         raise ValueError("the Pooling module leaves the prompt's tokens out (include_prompt false), which cannot "
@@ -79,20 +76,17 @@ def read_pooling(model_path: str) -> Pooling:
 
 
 def _base_model_class(root: Path) -> str | None:
-    path = root / "config.json"
-    names = (json.loads(path.read_text()) if path.is_file() else {}).get("architectures") or [""]
+    names = read_json(root / "config.json").get("architectures") or [""]
     return names[0] if registry.is_base_model(names[0]) else None
 
 
 def _modules(root: Path) -> list[dict]:
-    path = root / "modules.json"
-    return json.loads(path.read_text()) if path.is_file() else []
+    return read_json(root / "modules.json") or []
 
 
 def _pooling_method(config: dict) -> str:
     on = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
-    unsupported = [key for key in on if key in _UNSUPPORTED_MODES]
-    if unsupported or len(on) != 1:
+    if len(on) != 1 or on[0] not in _MODES:
         raise ValueError(f"the Pooling module turns on {', '.join(on) or 'no mode'}; one of {', '.join(_MODES)}, "
                          "alone, can be served")
     return _MODES[on[0]]
@@ -100,7 +94,7 @@ def _pooling_method(config: dict) -> str:
 
 def _prompts(root: Path) -> tuple[dict[str, str], str | None]:
     path = root / "config_sentence_transformers.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
+    config = read_json(path)
     prompts = config.get("prompts") or {}
     default = config.get("default_prompt_name")
     if default is not None and default not in prompts:
@@ -109,6 +103,5 @@ def _prompts(root: Path) -> tuple[dict[str, str], str | None]:
 
 
 def _is_matryoshka(root: Path) -> bool:
-    path = root / "config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
+    config = read_json(root / "config.json")
     return bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))

@@ -273,6 +273,11 @@ Prompt = (str | Annotated[list[str], Field(min_length=1)] | Annotated[list[Token
           | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
 
 
+def prompt_list(prompt: Prompt) -> list[str | list[int]]:
+    """The prompts a `Prompt` holds: one text or token-id list, or each of several."""
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else list(prompt)
+
+
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. `max_tokens` absent means OpenAI's default of 16."""
 

@@ -16,7 +16,7 @@ from tailrace.serving.context import RequestContext
 from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, unit_length
 from tailrace.serving.errors import invalid_request
 from tailrace.serving.pooling import Pooling
-from tailrace.serving.protocol import _OpenAIModel
+from tailrace.serving.protocol import _OpenAIModel, prompt_list
 
 Texts = str | Annotated[list[str], Field(min_length=1)]
 
@@ -44,8 +44,7 @@ class RerankRequest(_OpenAIModel):
 async def create_score(engine: EngineClient, request: ScoreRequest, ctx: RequestContext,
                        pooling: Pooling) -> dict[str, Any]:
     """One score per pair: text_1 against each of text_2, or the two lists pairwise."""
-    firsts = [request.text_1] if isinstance(request.text_1, str) else request.text_1
-    seconds = [request.text_2] if isinstance(request.text_2, str) else request.text_2
+    firsts, seconds = prompt_list(request.text_1), prompt_list(request.text_2)
     if len(firsts) != 1 and len(firsts) != len(seconds):
         raise invalid_request(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: give one text_1, or as "
                               "many as text_2.", param="text_1")

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 SHORT_CALL_ID = 9
 # Ids as the server issues them (chat.py): what a client sends back.
 _PROBE_IDS = ("call_" + "0123456789abcdef01234567", "call_" + "89abcdef0123456789abcdef")
-_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe",
-                                                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}}}}
 
 
 def fit_to_template(options: ChatOptions, tokenizer: Tokenizer) -> tuple[ChatOptions, str]:

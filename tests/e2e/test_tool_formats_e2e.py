@@ -90,15 +90,16 @@ CASES = {
     "qwen3_moe": Case("qwen3_moe", "qwen2", QWEN3, "Qwen3-Coder.jinja", "qwen3_coder", SEVERAL, None, "<|im_end|>"),
     "llama": Case("llama", "llama-bpe", LLAMA31, "meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3",
                   "one per turn, ids as issued", "<|begin_of_text|>", "<|eot_id|>"),
-    "smollm3": Case("smollm3", "llama-bpe", SMOLLM3, "HuggingFaceTB-SmolLM3-3B.jinja", "none", SEVERAL, None, "<|im_end|>"),
+    "smollm3": Case("smollm3", "llama-bpe", SMOLLM3, "HuggingFaceTB-SmolLM3-3B.jinja", "none", SEVERAL, None,
+                    "<|im_end|>"),
     "mistral": Case("mistral", "llama-spm", MISTRAL, "mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral",
                     SHORT_IDS, "<s>", "</s>"),
     "mixtral": Case("mixtral", "llama-spm", MISTRAL, "mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral",
                     SHORT_IDS, "<s>", "</s>"),
     "gpt_oss": Case("gpt_oss", "embedded", HARMONY, "openai-gpt-oss-120b.jinja", "openai", SEVERAL, None, "<|return|>",
                     {"sliding_window": 128, "attention_bias": True}),
-    "granite": Case("granite", "embedded", GRANITE, "ibm-granite-granite-3.3-2B-Instruct.jinja", "granite", SEVERAL, None,
-                    "<|end_of_text|>"),
+    "granite": Case("granite", "embedded", GRANITE, "ibm-granite-granite-3.3-2B-Instruct.jinja", "granite", SEVERAL,
+                    None, "<|end_of_text|>"),
 }
 
 

@@ -110,11 +110,13 @@ class Architecture:
 
 
 ARCHITECTURES = (
-    Architecture("LlamaForCausalLM", ("llama",), base_name="LlamaModel", bias_flag_covers_out=True, gguf_arch="llama", gguf_permuted=True),
+    Architecture("LlamaForCausalLM", ("llama",), base_name="LlamaModel", bias_flag_covers_out=True, gguf_arch="llama",
+                 gguf_permuted=True),
     Architecture("MistralForCausalLM", ("mistral",), base_name="MistralModel"),
-    Architecture("Qwen2ForCausalLM", ("qwen2",), base_name="Qwen2Model", qkv_bias_always=True, window_needs_flag=True, gguf_arch="qwen2"),
-    Architecture("Qwen3ForCausalLM", ("qwen3",), base_name="Qwen3Model", bias_flag_covers_out=True, qk_norm=True, window_needs_flag=True,
-                 gguf_arch="qwen3"),
+    Architecture("Qwen2ForCausalLM", ("qwen2",), base_name="Qwen2Model", qkv_bias_always=True, window_needs_flag=True,
+                 gguf_arch="qwen2"),
+    Architecture("Qwen3ForCausalLM", ("qwen3",), base_name="Qwen3Model", bias_flag_covers_out=True, qk_norm=True,
+                 window_needs_flag=True, gguf_arch="qwen3"),
     Architecture("SmolLM3ForCausalLM", ("smollm3",), bias_flag_covers_out=True, window_needs_flag=True,
                  nope_interval=4, gguf_arch="smollm3", gguf_permuted=True),
     Architecture("Gemma2ForCausalLM", ("gemma2",), bias_flag_covers_out=True, norm_style="sandwich",
@@ -151,7 +153,8 @@ SUPPORTED_NAMES = frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME) | frozens
 
 
 def architecture(name: str) -> Architecture:
-    """The entry of a text model's (or its base model's) Hugging Face class name; KeyError for any other."""
+    """The entry of a text model's (or its base model's) Hugging Face class name; KeyError for
+    any other."""
     return _BY_NAME[name] if name in _BY_NAME else _BY_BASE_NAME[name]
 
 
