@@ -4,6 +4,7 @@ after the other in the same run.
 
     .venv/bin/python bench/embed.py --shape qwen3-embedding-0.6b --doc-tokens 256 --batches 1,32 \
         --out bench/out/embed.json
+    .venv/bin/python bench/embed.py --shape bge-base --out bench/out/embed-bge-base.json
 
 Each cell embeds `--docs` documents of exactly --doc-tokens random token ids in requests (or
 sentence-transformers forwards, what `encode` runs after tokenizing) of `batch` documents, one at a
@@ -27,7 +28,7 @@ import httpx
 import torch
 
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
-from tailrace.bench.shapes import SHAPES, tokenizer_size, write_shape
+from tailrace.bench.shapes import SHAPES, SHAPES_DIR, STAMP, tokenizer_size, write_shape
 
 MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -48,6 +49,39 @@ def embedding_folder(shape_name: str) -> Path:
         if isinstance(settings.get(key), dict):
             settings[key] = settings[key]["content"]
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    return directory
+
+
+# Encoder shapes, written by transformers itself (random weights, seeded) with a WordPiece
+# vocabulary of the shape's size: BAAI/bge-base-en-v1.5's (BERT-base, CLS pooling, normalized).
+ENCODER_SHAPES = {"bge-base": {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+                               "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+                               "type_vocab_size": 2, "pooling": "pooling_mode_cls_token"}}
+
+
+def encoder_folder(shape_name: str, seed: int = 0) -> Path:
+    """The encoder shape's random BERT as a sentence-transformers folder, written on first use."""
+    import transformers
+
+    settings = dict(ENCODER_SHAPES[shape_name])
+    pooling = settings.pop("pooling")
+    directory = SHAPES_DIR / shape_name
+    stamp = json.dumps({**settings, "pooling": pooling, "seed": seed})
+    if (directory / STAMP).exists() and (directory / STAMP).read_text() == stamp:
+        return directory
+    print(f"writing the {shape_name} shape with random weights (seed {seed}) into {directory}", flush=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = specials + [f"w{i}" for i in range(settings["vocab_size"] - len(specials))]
+    transformers.BertTokenizer(vocab={piece: i for i, piece in enumerate(vocab)}).save_pretrained(directory)
+    torch.manual_seed(seed)
+    transformers.BertModel(transformers.BertConfig(**settings)).float().save_pretrained(directory)
+    (directory / "modules.json").write_text(json.dumps(MODULES))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": settings["hidden_size"], pooling: True}))
+    (directory / "2_Normalize").mkdir(exist_ok=True)
+    (directory / STAMP).write_text(stamp)
     return directory
 
 
@@ -88,7 +122,8 @@ def bench_tailrace(url: str, docs: list[list[int]], batch: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="qwen3-embedding-0.6b", choices=[n for n in SHAPES if "embedding" in n])
+    parser.add_argument("--shape", default="qwen3-embedding-0.6b",
+                        choices=[*(n for n in SHAPES if "embedding" in n), *ENCODER_SHAPES])
     parser.add_argument("--doc-tokens", type=int, default=256)
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--docs", type=int, default=32, help="documents per cell (default: 32)")
@@ -97,7 +132,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     batches = [int(b) for b in args.batches.split(",")]
-    folder = embedding_folder(args.shape)
+    folder = encoder_folder(args.shape) if args.shape in ENCODER_SHAPES else embedding_folder(args.shape)
     docs = documents(args.docs, args.doc_tokens, tokenizer_size(folder / "tokenizer.json"), args.seed)
     cells: dict[str, dict[int, float]] = {"tailrace": {}, "sentence-transformers": {}}
     port = free_port()

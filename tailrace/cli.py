@@ -148,9 +148,11 @@ def add_chat_flags(parser: argparse.ArgumentParser) -> None:
                              "reasoning field, not the content; auto: think where the chat template writes <think> "
                              "blocks; none: off (default: auto)")
     parser.add_argument("--task", choices=TASKS, default="auto",
-                        help="generate (text) or embed (/v1/embeddings: each input pooled into one vector); auto: "
-                             "embed for a sentence-transformers folder (modules.json) or a base model such as "
-                             "Qwen3Model, generate otherwise (default: auto)")
+                        help="generate (text), embed (/v1/embeddings: each input pooled into one vector) or "
+                             "score (a cross-encoder's /v1/score and /v1/rerank); auto: embed for a "
+                             "sentence-transformers folder (modules.json) or a base model such as Qwen3Model or "
+                             "BertModel, score for a sequence classifier such as BertForSequenceClassification, "
+                             "generate otherwise (default: auto)")
     parser.add_argument("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
                         help="the message and delta field for the thinking (default: reasoning_content)")
 
@@ -280,7 +282,7 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     pooling, task = resolve_task(args.task, config.model_path)
     log.info("%s", task)
     if pooling is not None and config.tensor_parallel_size > 1:
-        raise ValueError("--task embed runs on one rank: drop --tensor-parallel-size")
+        raise ValueError("embedding and scoring run on one rank: drop --tensor-parallel-size")
     server = ServerConfig(served_model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                           metrics_public=args.metrics_public, cors_origins=args.cors_origin + args.allowed_origins,
                           limits=limits, chat=chat, pooling=pooling, other_model_names=other_names,

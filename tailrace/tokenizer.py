@@ -69,6 +69,18 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def encode_pair(self, first: str, second: str, max_length: int | None = None) -> tuple[list[int], int | None]:
+        """A pair's ids as the tokenizer's post-processor joins them (BERT's [CLS] a [SEP] b [SEP]),
+        cut to `max_length` longest text first as sentence-transformers' CrossEncoder cuts them;
+        and the position where the second text's token type begins (None: all of type 0)."""
+        if max_length is not None:
+            self.hf.enable_truncation(max_length, strategy="longest_first")
+        try:
+            encoding = self.hf.encode(first, second)
+        finally:
+            self.hf.no_truncation()
+        return encoding.ids, next((i for i, kind in enumerate(encoding.type_ids) if kind), None)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -178,6 +190,10 @@ def _load_hf_tokenizer(path: str) -> Tokenizer:
         hf = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
     except Exception as exc:  # the tokenizers library raises a bare Exception
         raise ValueError(f"{root / 'tokenizer.json'} is not a readable tokenizer: {exc}") from exc
+    # A saved truncation would cut a prompt silently and a saved padding would add tokens: the
+    # serving layer decides both per request.
+    hf.no_truncation()
+    hf.no_padding()
     config = read_json(root / "tokenizer_config.json")
 
     def token_id(key: str) -> int | None:

@@ -9,12 +9,51 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from tokenizer_fixtures import save_byte_level
 from tokenizers import Tokenizer
 
+from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.sampling_params import SamplingParams
+
 _MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+
+
+def write_modules(directory: Path, hidden: int, pooling: str, normalize: bool, max_seq_length: int) -> None:
+    """sentence-transformers' modules in `directory`: a Transformer, a Pooling module of `pooling`,
+    and a Normalize module where asked."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (directory / "2_Normalize").mkdir(exist_ok=True)
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": hidden, **{mode: name == pooling for name, mode in _MODES.items()},
+         "pooling_mode_max_tokens": False, "include_prompt": True}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                                     "do_lower_case": False}))
+
+
+def engine_vectors(engine: EngineCore, prompts: list[list[int]], method: str,
+                   starts: list[int | None] | None = None) -> list[np.ndarray]:
+    """Each prompt's pooled vector (or classifier outputs) from the engine core, run as one batch;
+    `starts`: each pair's second text's first position."""
+    starts = starts or [None] * len(prompts)
+    for i, (prompt, start) in enumerate(zip(prompts, starts)):
+        engine.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=0, pooling=method,
+                                                                         segment_start=start)))
+    vectors: dict[str, list[float]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            assert not out.new_token_ids
+            if out.embedding is not None:
+                vectors[out.request_id] = out.embedding
+                assert out.finish_reason == "stop"
+    return [np.asarray(vectors[f"r{i}"], dtype=np.float32) for i in range(len(prompts))]
 
 
 def save_embedding_model(directory: Path, pooling: str = "last", normalize: bool = True, seed: int = 0,
@@ -33,18 +72,62 @@ def save_embedding_model(directory: Path, pooling: str = "last", normalize: bool
     torch.manual_seed(seed)
     model = transformers.Qwen3Model(transformers.Qwen3Config(**{**settings, **config}))
     model.float().save_pretrained(directory)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(exist_ok=True)
-    (directory / "modules.json").write_text(json.dumps(modules))
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": settings["hidden_size"], **{mode: name == pooling for name, mode in _MODES.items()},
-         "pooling_mode_max_tokens": False, "include_prompt": True}))
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    write_modules(directory, settings["hidden_size"], pooling, normalize, max_seq_length=512)
     (directory / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": {"query": "Instruct: find the code\nQuery: ", "document": ""}, "default_prompt_name": None,
          "similarity_fn_name": "cosine"}))
+    return directory
+
+
+# Words and pieces of the encoders' test vocabularies: enough that English test sentences tokenize
+# into several tokens each, unknown words into pieces.
+_WORDS = ("the a an of to in is it and for on with that this what how why which code server model query "
+          "document search find python fast slow cat dog sat mat runs stream token text embed rank score "
+          "hello world paris france capital city weather today is are be was").split()
+_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789.,?!'-:"
+
+
+def _save_encoder_tokenizer(directory: Path, family: str) -> None:
+    """A tokenizer as the family's own: BERT's WordPiece (lower-cased, [CLS] a [SEP] b [SEP], pairs
+    typed 0 and 1) or XLM-R's Unigram (<s> a </s></s> b </s>)."""
+    if family == "bert":
+        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS, *_LETTERS, *(f"##{c}" for c in _LETTERS)]
+        tokenizer = transformers.BertTokenizer(vocab={piece: i for i, piece in enumerate(dict.fromkeys(vocab))})
+    else:
+        pieces = ["<s>", "<pad>", "</s>", "<unk>", *(f"\u2581{w}" for w in _WORDS), *_LETTERS, "\u2581"]
+        tokenizer = transformers.XLMRobertaTokenizer(
+            vocab=[(piece, 0.0 if i < 4 else -1.0 - i / 100) for i, piece in enumerate(dict.fromkeys(pieces))])
+    tokenizer.save_pretrained(directory)
+
+
+def encoder_classes(family: str) -> tuple[type, type, type]:
+    """transformers' config, base model and sequence classifier classes of an encoder family."""
+    if family == "bert":
+        return transformers.BertConfig, transformers.BertModel, transformers.BertForSequenceClassification
+    return (transformers.XLMRobertaConfig, transformers.XLMRobertaModel,
+            transformers.XLMRobertaForSequenceClassification)
+
+
+def save_encoder_model(directory: Path, family: str = "bert", pooling: str | None = "cls", normalize: bool = True,
+                       classifier: bool = False, seed: int = 0, **config: object) -> Path:
+    """A random BERT or XLM-R encoder with its family's tokenizer: a sentence-transformers folder
+    pooling as asked (pooling None: the plain base model), or with `classifier` a one-label
+    sequence classifier as cross-encoders ship it; returns the folder."""
+    _save_encoder_tokenizer(directory, family)
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    config_class, base_class, classifier_class = encoder_classes(family)
+    roberta = family != "bert"
+    settings = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=128 + (2 if roberta else 0),
+                    type_vocab_size=1 if roberta else 2, initializer_range=0.2, pad_token_id=1 if roberta else 0)
+    torch.manual_seed(seed)
+    settings = {**settings, **config}
+    if classifier:
+        model = classifier_class(config_class(**settings, num_labels=1))
+    else:
+        model = base_class(config_class(**settings))
+    model.float().save_pretrained(directory)
+    if pooling is None or classifier:
+        return directory
+    write_modules(directory, settings["hidden_size"], pooling, normalize, max_seq_length=128)
     return directory

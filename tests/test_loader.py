@@ -185,3 +185,19 @@ def test_a_gguf_stored_quantized_stays_quantized_on_cpu_unless_floats_are_asked_
     assert loader.resolve_quantization(None, EMBEDDED_MODEL, "cpu") is None
     assert loader.resolve_quantization("int4", floats, "cpu") == "int4"
     assert loader.resolve_quantization("none", quantized, "cpu") is None
+
+
+def test_an_encoders_tensorflow_names_and_base_model_pooler_load(tmp_path):
+    """BERT checkpoints converted from TensorFlow name LayerNorm's scale and shift gamma and beta; a
+    base model's pooler is not read (its embeddings do not use it)."""
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, max_position_embeddings=16)
+    hf = transformers.BertModel(config).eval()
+    hf.save_pretrained(tmp_path)
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in hf.state_dict().items()}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    model, _ = load_model(str(tmp_path), dtype="float32")
+    assert torch.equal(model.model.embed_norm.bias, hf.embeddings.LayerNorm.bias)
+    assert torch.equal(model.model.layers[0].post_feedforward_layernorm.weight, hf.encoder.layer[0].output.LayerNorm.weight)
+    assert model.score is None

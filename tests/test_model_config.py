@@ -227,3 +227,28 @@ def test_generation_config_adds_stop_tokens(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "eos_token_id": 2}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     assert load_model_config(str(tmp_path)).eos_token_ids == [2, 7]
+
+
+@pytest.mark.parametrize("name,model_type,offset,types", [("BertModel", "bert", 0, 2),
+                                                          ("XLMRobertaModel", "xlm-roberta", 2, 1)])
+def test_an_encoders_config_is_bidirectional_post_norm_with_learned_positions(name, model_type, offset, types):
+    config = parse_model_config({
+        "architectures": [name], "model_type": model_type, "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_act": "gelu",
+        "max_position_embeddings": 512 + offset, "type_vocab_size": types, "layer_norm_eps": 1e-12,
+        "pad_token_id": 1, "position_embedding_type": "absolute"})
+    assert not config.causal and config.layer_norm and config.rms_norm_eps == 1e-12
+    assert config.max_position_embeddings == 512 and config.position_offset == offset
+    assert config.type_vocab_size == types and config.absolute_positions and config.embedding_norm
+    assert config.layer_rope == [None, None] and config.norm_style == "post_residual"
+    assert config.hidden_act == "gelu" and not config.mlp_gated and config.mlp_bias
+    assert config.attention_bias and config.attention_out_bias and config.num_labels == 0
+
+
+def test_a_classifiers_labels_and_unsupported_positions():
+    raw = {"architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": 100,
+           "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "hidden_act": "gelu", "max_position_embeddings": 512, "id2label": {"0": "LABEL_0"}}
+    assert parse_model_config(raw).num_labels == 1
+    with pytest.raises(ValueError, match="unsupported position_embedding_type 'relative_key'"):
+        parse_model_config({**raw, "position_embedding_type": "relative_key"})

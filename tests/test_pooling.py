@@ -1,6 +1,7 @@
 """How an embedding model pools, read from its folder as sentence-transformers reads it, and what
-`--task` serves: auto embeds a sentence-transformers folder or a base model and generates with
-anything else; modules and modes that cannot be served stop the server by name."""
+`--task` serves: auto embeds a sentence-transformers folder or a base model, scores pairs with a
+sequence classifier (a cross-encoder, through its configured activation) and generates with
+anything else; modules, modes and activations that cannot be served stop the server by name."""
 
 from __future__ import annotations
 
@@ -90,3 +91,37 @@ def test_a_pooling_that_leaves_the_prompt_out_is_refused(folder, tmp_path):
     (copy / "1_Pooling" / "config.json").write_text(json.dumps({**settings, "include_prompt": False}))
     with pytest.raises(ValueError, match="include_prompt false"):
         read_pooling(str(copy))
+
+
+def test_a_sequence_classifier_scores_pairs_and_nothing_else(tmp_path):
+    classifier = write_config(tmp_path / "ce", architectures=["BertForSequenceClassification"],
+                              id2label={"0": "LABEL_0"})
+    pooling, line = resolve_task("auto", str(classifier))
+    assert pooling == Pooling("score", False, score_activation="sigmoid")
+    assert resolve_task("score", str(classifier)) == (pooling, line)
+    assert line == ("task: score (BertForSequenceClassification): each pair's classifier output on its first token, "
+                    "through sigmoid")
+    for task, verb in (("generate", "generate"), ("embed", "embed")):
+        with pytest.raises(ValueError, match=f"is a cross-encoder: .* cannot {verb}; serve it with --task score"):
+            resolve_task(task, str(classifier))
+
+
+def test_only_a_sequence_classifier_is_served_with_task_score(folder):
+    with pytest.raises(ValueError, match="--task score serves a sequence classifier"):
+        resolve_task("score", str(folder))
+
+
+@pytest.mark.parametrize("config,result", [
+    ({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, "identity"),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"}, "sigmoid"),
+    ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}}, "cannot be served"),
+    ({"id2label": {"0": "no", "1": "yes"}}, "has 2 labels"),
+])
+def test_the_cross_encoders_activation_is_its_configs(tmp_path, config, result):
+    folder = write_config(tmp_path / "ce", architectures=["XLMRobertaForSequenceClassification"],
+                          **{"id2label": {"0": "LABEL_0"}, **config})
+    if result in ("identity", "sigmoid"):
+        assert resolve_task("auto", str(folder))[0].score_activation == result
+    else:
+        with pytest.raises(ValueError, match=result):
+            resolve_task("auto", str(folder))

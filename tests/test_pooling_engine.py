@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from embedding_models import save_embedding_model
+from embedding_models import engine_vectors, save_embedding_model
 
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
@@ -35,16 +35,7 @@ def reference(model_dir: str, prompt: list[int], method: str) -> torch.Tensor:
 
 
 def pooled(core: EngineCore, prompts: list[list[int]], method: str) -> list[torch.Tensor]:
-    for i, prompt in enumerate(prompts):
-        core.add_request(EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=0, pooling=method)))
-    vectors: dict[str, list[float]] = {}
-    while core.has_work():
-        for out in core.step():
-            assert not out.new_token_ids
-            if out.embedding is not None:
-                vectors[out.request_id] = out.embedding
-                assert out.finish_reason == "stop"
-    return [torch.tensor(vectors[f"r{i}"]) for i in range(len(prompts))]
+    return [torch.from_numpy(v) for v in engine_vectors(core, prompts, method)]
 
 
 @pytest.mark.parametrize("method", ["last", "mean", "cls"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
@@ -16,6 +17,8 @@ from tailrace.engine.tensor_parallel.group import start_ranks
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import TokenLogprob
 from tailrace.sampling_params import SamplingParams
+
+log = logging.getLogger("tailrace.engine")
 
 
 class BudgetTooSmall(ValueError):
@@ -79,9 +82,16 @@ class EngineCore:
                 tp.kill()
             raise
         self.max_model_len = self.runner.max_model_len
+        encoder = not self.runner.model_config.causal
+        if encoder and self.max_model_len > config.max_num_batched_tokens:
+            # an encoder's prompt runs whole, in one step's tokens
+            log.info("an encoder's prompt runs in one step: the context served is max_num_batched_tokens, %d",
+                     config.max_num_batched_tokens)
+            self.max_model_len = config.max_num_batched_tokens
         self.eos_token_ids = self.runner.model_config.eos_token_ids  # config.json + generation_config.json
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   whole_prompts=encoder)
         self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
         self._next_seq_id = 0
@@ -102,6 +112,10 @@ class EngineCore:
         if params.pooling is not None and self.config.tensor_parallel_size > 1:
             # rank 0 would keep more rows of the last layer than the ranks it sends the step to
             raise ValueError("pooling runs on one rank: serve the embedding model without tensor parallelism")
+        if params.pooling is None and not self.runner.model_config.causal:
+            raise ValueError("this model is an encoder: it embeds or scores, and cannot generate")
+        if params.pooling == "score" and not self.runner.model_config.num_labels:
+            raise ValueError("this model has no classifier to score with")
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         needed = -(-(prompt_len + max_tokens) // self.config.block_size)

@@ -259,7 +259,8 @@ class ModelRunner:
         split into chunks changes no bit of the sum."""
         rows = sorted(set(need.rows).union(*(pooled for _, pooled in need.pooled)))
         at = {row: i for i, row in enumerate(rows)}
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache, rows)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.batch, self.cache, rows,
+                            self._token_types(scheduled, inputs))
         logits = self.model.compute_logits(hidden[[at[r] for r in need.rows]]) if need.rows else hidden[:0]
         for i, pooled in need.pooled:
             seq = scheduled[i].seq
@@ -267,9 +268,25 @@ class ModelRunner:
             kept.append(hidden[[at[r] for r in pooled]].float())
             if scheduled[i].samples:  # the prompt's last chunk
                 states = torch.cat(self._pooling.pop(seq.seq_id))
-                vector = states.mean(0) if seq.params.pooling == "mean" else states[0]
+                method = seq.params.pooling
+                if method == "score":  # the classifier on the first token's state, at the model's dtype
+                    vector = self.model.score(states[:1].to(self.model.dtype))[0].float()
+                else:
+                    vector = states.mean(0) if method == "mean" else states[0]
                 step.embeddings.append((i, vector.to("cpu", non_blocking=True)))
         return logits
+
+    def _token_types(self, scheduled: list[ScheduledSeq], inputs: StepInputs) -> torch.Tensor | None:
+        """Each row's token type where a pair is in the step (1 from its second text on), else None."""
+        starts = [(sl, item.seq.params.segment_start) for item, sl in zip(scheduled, inputs.batch.seqs)]
+        if not self.model_config.type_vocab_size or all(start is None for _, start in starts):
+            return None
+        types = torch.zeros_like(inputs.input_ids)
+        for sl, start in starts:
+            if start is not None:
+                rows = slice(sl.q_start, sl.q_start + sl.q_len)
+                types[rows] = (inputs.positions[rows] >= start).to(types.dtype)
+        return types
 
     def collect(self, step: LaunchedStep) -> list[StepResult]:
         """The launched step's results, one per scheduled item: the step's one wait for the device."""
@@ -334,10 +351,10 @@ def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
 
 def _pooled_rows(method: str, computed: int, q_start: int, q_len: int, last_chunk: bool) -> list[int]:
     """The rows of a pooling sequence's chunk whose hidden states its vector is made of: every
-    row for "mean", the prompt's first for "cls", its last for "last"."""
+    row for "mean", the prompt's first for "cls" and "score", its last for "last"."""
     if method == "mean":
         return list(range(q_start, q_start + q_len))
-    if method == "cls":
+    if method in ("cls", "score"):
         return [q_start] if computed == 0 else []
     return [q_start + q_len - 1] if last_chunk else []
 

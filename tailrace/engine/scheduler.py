@@ -1,7 +1,8 @@
 """Continuous batching under a per-step token budget.
 
 Running sequences get their next tokens first (a decode is one token, an unfinished prefill
-a chunk); waiting sequences are admitted with what is left (chunked prefill). When KV blocks
+a chunk); waiting sequences are admitted with what is left (chunked prefill; an encoder's prompts
+only whole). When KV blocks
 run out, the newest running sequence is preempted: its blocks are freed and it is computed
 again later (its prefix may still be cached then).
 """
@@ -37,10 +38,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 whole_prompts: bool = False) -> None:
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # An encoder's: a prompt is admitted only where the step has room for all of it (its
+        # attention sees the whole sequence at once), so no prompt is chunked.
+        self.whole_prompts = whole_prompts
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -88,6 +93,8 @@ class Scheduler:
             if fresh:
                 self.blocks.match_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self.whole_prompts and n < seq.num_tokens - seq.num_computed_tokens:
+                break  # the next step has room for it
             if not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 # Hold no memory while waiting; its cached prefix stays findable in the free list.
                 self.blocks.release(seq)

@@ -213,6 +213,8 @@ def _not_fusable(model: LlamaForCausalLM) -> str | None:
     integer embedding, packed projections (or, at bfloat16, integer ones), packed routers, kernel
     norms at the config's eps, the rotary, activation and routing kernels; else the first part that is not."""
     eps, kinds = model.config.rms_norm_eps, FUSED_PROJECTIONS.get(model.dtype)
+    if not model.config.causal:
+        return "an encoder (bidirectional attention, LayerNorms) runs module by module"
     if kinds is None:
         return f"dtype {model.dtype}"
     embed = model.model.embed_tokens

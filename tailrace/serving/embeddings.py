@@ -61,6 +61,7 @@ async def ollama_embed(engine: EngineClient, request: OllamaEmbedRequest, ctx: R
                        pooling: Pooling) -> dict[str, Any]:
     """Ollama's /api/embed: vectors always of unit length, as Ollama returns them."""
     started = time.monotonic_ns()
+    _check_embeds(pooling)
     dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
     token_lists = tokenize_inputs(engine, request.input, -1 if request.truncate else None, keep_start=True)
     vectors = await pooled_vectors(engine, token_lists, ctx, pooling)
@@ -72,6 +73,7 @@ async def ollama_embed(engine: EngineClient, request: OllamaEmbedRequest, ctx: R
 async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx: RequestContext,
                             pooling: Pooling) -> dict[str, Any]:
     """OpenAIError (400) for an input that cannot be embedded, before any is run."""
+    _check_embeds(pooling)
     dimensions = _check_dimensions(request.dimensions, engine.hidden_size, pooling)
     inputs = with_prompt(request.input, request.prompt_name, pooling)
     token_lists = tokenize_inputs(engine, inputs, request.truncate_prompt_tokens, request.add_special_tokens)
@@ -85,12 +87,14 @@ async def create_embeddings(engine: EngineClient, request: EmbeddingRequest, ctx
 
 
 async def pooled_vectors(engine: EngineClient, token_lists: list[list[int]], ctx: RequestContext,
-                         pooling: Pooling) -> list[np.ndarray]:
-    """Each input's pooled vector as the engine returns it (float32, before normalizing), the
-    inputs run together as one request's prompts; counted in /metrics."""
-    params = SamplingParams(max_tokens=0, pooling=pooling.method)
-    generation = Generation(engine, envelope("embd", "list", ctx)["id"], [Prompt(ids, params) for ids in token_lists],
-                            ctx)
+                         pooling: Pooling, segment_starts: list[int | None] | None = None) -> list[np.ndarray]:
+    """Each input's pooled vector as the engine returns it (float32, before normalizing; a
+    cross-encoder's classifier outputs), the inputs run together as one request's prompts, each
+    pair's second text from its `segment_starts` entry; counted in /metrics."""
+    starts = segment_starts or [None] * len(token_lists)
+    prompts = [Prompt(ids, SamplingParams(max_tokens=0, pooling=pooling.method, segment_start=start))
+               for ids, start in zip(token_lists, starts)]
+    generation = Generation(engine, envelope("embd", "list", ctx)["id"], prompts, ctx)
     vectors: list[np.ndarray] = [np.empty(0, dtype=np.float32)] * len(token_lists)
     async for step in generation.steps():
         if step.delta.embedding is not None:
@@ -121,10 +125,7 @@ def tokenize_inputs(engine: EngineClient, inputs: Inputs | list[str | list[int]]
     as the context holds; `keep_start`: the first, as Ollama cuts); an input longer than the
     context is a 400 that names the limit."""
     limit = engine.max_model_len
-    keep = limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-    if keep is not None and keep > limit:
-        raise invalid_request(f"truncate_prompt_tokens ({keep}) is over the model's context of {limit} tokens.",
-                              param="truncate_prompt_tokens")
+    keep = tokens_kept(truncate_prompt_tokens, limit)
     token_lists = []
     for i, item in enumerate(prompt_list(inputs)):
         if isinstance(item, str) and not item:
@@ -142,6 +143,22 @@ def tokenize_inputs(engine: EngineClient, inputs: Inputs | list[str | list[int]]
                                   code="context_length_exceeded")
         token_lists.append(ids)
     return token_lists
+
+
+def tokens_kept(truncate_prompt_tokens: int | None, limit: int) -> int | None:
+    """The tokens an input keeps under `truncate_prompt_tokens` (-1: the context's `limit`), None
+    for all; a 400 where it asks for more than the context holds."""
+    keep = limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep is not None and keep > limit:
+        raise invalid_request(f"truncate_prompt_tokens ({keep}) is over the model's context of {limit} tokens.",
+                              param="truncate_prompt_tokens")
+    return keep
+
+
+def _check_embeds(pooling: Pooling) -> None:
+    if pooling.score_activation is not None:
+        raise invalid_request("This model is a cross-encoder: it scores pairs of texts on /v1/score and /v1/rerank, "
+                              "and makes no embeddings.", param="model")
 
 
 def _check_dimensions(dimensions: int | None, hidden: int, pooling: Pooling) -> int | None:

@@ -25,22 +25,41 @@ class Pooling:
     # input as sentence-transformers' encode(prompt_name=...) puts them; the default applies unasked
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt: str | None = None
+    # A cross-encoder's (method "score"): a pair's score is its classifier's output through this,
+    # "sigmoid" or "identity", as sentence-transformers' CrossEncoder applies it; None: an
+    # embedding model, whose scores are cosines
+    score_activation: str | None = None
 
     def describe(self) -> str:
+        if self.score_activation is not None:
+            return f"each pair's classifier output on its first token, through {self.score_activation}"
         return {"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[
             self.method] + " hidden state" + (", normalized" if self.normalize else "")
 
 
-TASKS = ("auto", "generate", "embed")
+TASKS = ("auto", "generate", "embed", "score")
+# sentence-transformers' CrossEncoder activation (config.json's, by its class path) -> Pooling.score_activation
+_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
 
 
 def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
     """What the server serves (`--task`): None to generate, else how it pools; and one line that
-    says which and why. auto embeds a sentence-transformers folder and a base model (Qwen3Model:
-    no language-model head), and generates with anything else."""
+    says which and why. auto embeds a sentence-transformers folder and a base model (Qwen3Model,
+    BertModel: no language-model head), scores pairs with a sequence classifier (a cross-encoder),
+    and generates with anything else."""
     root = Path(model_path)
+    name = _class_name(root)
+    if registry.is_classifier(name):
+        if option in ("generate", "embed"):
+            raise ValueError(f"{name} is a cross-encoder: it scores pairs (/v1/score, /v1/rerank) and cannot "
+                             f"{'generate' if option == 'generate' else 'embed'}; serve it with --task score or auto")
+        pooling = read_cross_encoder(model_path)
+        return pooling, f"task: score ({name}): {pooling.describe()}"
+    if option == "score":
+        raise ValueError("--task score serves a sequence classifier (a cross-encoder); this model embeds: serve it "
+                         "with --task embed, and /v1/score and /v1/rerank compare its embeddings")
     pooling_modules = any(m.get("type") == _ST + "Pooling" for m in _modules(root))
-    base = _base_model_class(root)
+    base = name if registry.is_base_model(name) else None
     if option == "generate" and base:
         raise ValueError(f"{base} is a base model with no language-model head: it cannot generate; serve it "
                          "with --task embed")
@@ -75,9 +94,23 @@ def read_pooling(model_path: str) -> Pooling:
     return Pooling(method, normalize, matryoshka, prompts, default_prompt)
 
 
-def _base_model_class(root: Path) -> str | None:
-    names = read_json(root / "config.json").get("architectures") or [""]
-    return names[0] if registry.is_base_model(names[0]) else None
+def read_cross_encoder(model_path: str) -> Pooling:
+    """A sequence classifier's scoring: one label, through the activation its config.json names
+    for sentence-transformers (sigmoid where it names none); ValueError for any other."""
+    config = read_json(Path(model_path) / "config.json")
+    labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+    if labels != 1:
+        raise ValueError(f"the classifier has {labels} labels; a cross-encoder that scores pairs has one")
+    path = ((config.get("sentence_transformers") or {}).get("activation_fn")
+            or config.get("sbert_ce_default_activation_function"))
+    if path is not None and path not in _ACTIVATIONS:
+        raise ValueError(f"the cross-encoder's activation {path!r} cannot be served; supported: "
+                         f"{', '.join(_ACTIVATIONS)}")
+    return Pooling("score", False, score_activation=_ACTIVATIONS.get(path, "sigmoid"))
+
+
+def _class_name(root: Path) -> str:
+    return (read_json(root / "config.json").get("architectures") or [""])[0]
 
 
 def _modules(root: Path) -> list[dict]:

@@ -1,7 +1,9 @@
 """POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's, which vLLM and llama.cpp
-also serve) for an embedding model: each pair's score is the cosine similarity of the two texts'
-pooled vectors, as vLLM scores with an embedding model. Every text is embedded once, all of them
-in one engine request."""
+also serve). With a cross-encoder, each pair is one prompt, joined as its tokenizer joins a pair,
+and its score the classifier's output through the model's activation, as sentence-transformers'
+CrossEncoder.predict gives it. With an embedding model, each pair's score is the cosine
+similarity of the two texts' pooled vectors, as vLLM scores with one, every text embedded once.
+Either way all of a request's prompts go to the engine as one request."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pydantic import Field
 from tailrace.engine.client import EngineClient
 from tailrace.serving.choices import envelope
 from tailrace.serving.context import RequestContext
-from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, unit_length
+from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, tokens_kept, unit_length
 from tailrace.serving.errors import invalid_request
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.protocol import _OpenAIModel, prompt_list
@@ -48,8 +50,8 @@ async def create_score(engine: EngineClient, request: ScoreRequest, ctx: Request
     if len(firsts) != 1 and len(firsts) != len(seconds):
         raise invalid_request(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: give one text_1, or as "
                               "many as text_2.", param="text_1")
-    scores, tokens = await _cosines(engine, (firsts, "text_1"), (seconds, "text_2"), request.truncate_prompt_tokens,
-                                    ctx, pooling)
+    scores, tokens = await _scores(engine, (firsts, "text_1"), (seconds, "text_2"), request.truncate_prompt_tokens,
+                                   ctx, pooling)
     head = envelope("score", "list", ctx)
     return {**head, "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -59,13 +61,40 @@ async def create_rerank(engine: EngineClient, request: RerankRequest, ctx: Reque
                         pooling: Pooling) -> dict[str, Any]:
     """The documents by relevance to the query, best first, the first `top_n`."""
     texts = [d if isinstance(d, str) else d.text for d in request.documents]
-    scores, tokens = await _cosines(engine, ([request.query], "query"), (texts, "documents"),
-                                    request.truncate_prompt_tokens, ctx, pooling)
+    scores, tokens = await _scores(engine, ([request.query], "query"), (texts, "documents"),
+                                   request.truncate_prompt_tokens, ctx, pooling)
     order = sorted(range(len(texts)), key=lambda i: -scores[i])[:request.top_n]
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": texts[i]}}
                                                               if request.return_documents else {})} for i in order]
     return {"id": envelope("rerank", "list", ctx)["id"], "model": ctx.model_name, "results": results,
             "usage": {"total_tokens": tokens}}
+
+
+async def _scores(engine: EngineClient, firsts: tuple[list[str], str], seconds: tuple[list[str], str],
+                  truncate: int | None, ctx: RequestContext, pooling: Pooling) -> tuple[list[float], int]:
+    """Each pair's score (the one first text against every second, or pairwise), and the tokens
+    run. Each side is its texts and the request field that holds them (for errors)."""
+    if pooling.score_activation is None:
+        return await _cosines(engine, firsts, seconds, truncate, ctx, pooling)
+    lefts, rights = firsts[0], seconds[0]
+    if len(lefts) == 1:
+        lefts = lefts * len(rights)
+    limit = engine.max_model_len
+    keep = tokens_kept(truncate, limit)
+    token_lists, starts = [], []
+    for i, pair in enumerate(zip(lefts, rights)):
+        ids, start = engine.tokenizer.encode_pair(*pair, max_length=keep)
+        if len(ids) > limit:
+            raise invalid_request(f"{seconds[1]}[{i}] with its {firsts[1]} has {len(ids)} tokens, over the model's "
+                                  f"limit of {limit} tokens; shorten it, or set truncate_prompt_tokens.",
+                                  param=seconds[1], code="context_length_exceeded")
+        token_lists.append(ids)
+        starts.append(start)
+    outputs = await pooled_vectors(engine, token_lists, ctx, pooling, starts)
+    scores = [float(out[0]) for out in outputs]
+    if pooling.score_activation == "sigmoid":
+        scores = np.exp(-np.logaddexp(0.0, -np.array(scores))).tolist()  # 1 / (1 + e^-x), without overflow
+    return scores, sum(len(ids) for ids in token_lists)
 
 
 async def _cosines(engine: EngineClient, firsts: tuple[list[str], str], seconds: tuple[list[str], str],

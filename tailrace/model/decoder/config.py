@@ -12,7 +12,9 @@ from tailrace.model.decoder import registry
 # Every architecture is one entry of model/decoder/registry.py, read here as the features of one decoder
 # (llama.py runs them in Python, csrc/decoder.cpp in one call).
 SUPPORTED_ARCHITECTURES = registry.SUPPORTED_NAMES
-_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # a gated MLP's
+# an encoder's plain MLP: GELU by erf, or by tanh
+_ENCODER_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
 # Not a config.json's: each frequency divided by its stored factor, for a GGUF's rope_freqs that
@@ -76,6 +78,19 @@ class ModelConfig:
     router_topk_first: bool = False
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
+    # Encoders (BERT and its kin). Every token attends every token of its sequence, so a prompt
+    # runs whole, in one step, and no K/V is kept.
+    causal: bool = True
+    layer_norm: bool = False  # norms are LayerNorms with a bias (eps: rms_norm_eps), not RMSNorms
+    absolute_positions: bool = False  # a learned table of positions (embed_positions), added to the embedding
+    position_offset: int = 0  # the table's row of position 0 (RoBERTa's and XLM-R's padding_idx + 1)
+    type_vocab_size: int = 0  # rows of the token-type table (embed_types: a pair's second text is type 1); 0: none
+    embedding_norm: bool = False  # the summed embeddings normed (embed_norm)
+    mlp_gated: bool = True  # False: down(act(up(x))), one projection in (BERT)
+    mlp_bias: bool = False
+    # A sequence classifier's outputs (a cross-encoder's: score.out_proj(tanh(score.dense(h))) of
+    # its first token's hidden state h); 0: no classifier
+    num_labels: int = 0
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
@@ -89,11 +104,17 @@ class ModelConfig:
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
-    headless = registry.is_base_model((raw.get("architectures") or [""])[0])
+    name = (raw.get("architectures") or [""])[0]
+    headless = registry.is_base_model(name) or registry.is_classifier(name)
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(_ACTIVATIONS))}")
-    if raw.get("mlp_bias", False):
+    activations = _ENCODER_ACTIVATIONS if entry.encoder else _ACTIVATIONS
+    if act not in activations:
+        raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(activations))}")
+    encoder = _encoder_features(raw, name) if entry.encoder else {}
+    if encoder:
+        raw = {**raw, "rms_norm_eps": raw.get("layer_norm_eps", 1e-12),
+               "max_position_embeddings": raw["max_position_embeddings"] - encoder["position_offset"]}
+    elif raw.get("mlp_bias", False):
         raise ValueError("unsupported mlp_bias=true")
     num_heads, layers = raw["num_attention_heads"], raw["num_hidden_layers"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
@@ -119,7 +140,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=max_positions,
         # A base model (Qwen3Model) has no head of its own: it serves pooling, which reads no logits.
         tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling),
-        attention_bias=entry.qkv_bias_always or raw.get("attention_bias", False),
+        attention_bias=entry.qkv_bias_always or entry.encoder or raw.get("attention_bias", False),
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
@@ -128,8 +149,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         layer_rope=_layer_rope(raw, entry, layer_types, local_theta),
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
-        hidden_act=experts.pop("hidden_act", _ACTIVATIONS[act]),
-        **_family_features(raw, entry),
+        hidden_act=experts.pop("hidden_act", activations[act]),
+        **(_family_features(raw, entry) | encoder),
         **experts,
     )
 
@@ -164,6 +185,20 @@ def _family_features(raw: dict[str, Any], entry: registry.Architecture) -> dict[
                      "attention_scale": raw.get("attention_multiplier", 0.0),
                      "logit_divisor": raw.get("logits_scaling", 1.0)}
     return features
+
+
+def _encoder_features(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """BERT's, RoBERTa's and XLM-R's layout, as transformers builds them: positions from a learned
+    table (RoBERTa's counted from padding_idx + 1), token types, LayerNorms after each residual
+    add, biases throughout; a classifier class (one label per output) adds its score head."""
+    kind = raw.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ValueError(f"unsupported position_embedding_type {kind!r}; supported: absolute")
+    offset = raw["pad_token_id"] + 1 if raw.get("model_type") in ("roberta", "xlm-roberta") else 0
+    labels = (len(raw.get("id2label") or {}) or raw.get("num_labels", 2)) if registry.is_classifier(name) else 0
+    return {"causal": False, "layer_norm": True, "absolute_positions": True, "position_offset": offset,
+            "type_vocab_size": raw.get("type_vocab_size", 2), "embedding_norm": True, "mlp_gated": False,
+            "mlp_bias": True, "num_labels": labels, "norm_style": "post_residual", "attention_out_bias": True}
 
 
 def _architecture(raw: dict[str, Any]) -> registry.Architecture:
@@ -302,6 +337,8 @@ def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]
 
 def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: list[str],
                 local_theta: float | None) -> list[str | None]:
+    if entry.encoder:  # positions come from the embedding's table
+        return [None] * len(layer_types)
     if entry.nope_interval:
         interval = raw.get("no_rope_layer_interval", entry.nope_interval)
         uses = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(len(layer_types))]

@@ -18,9 +18,10 @@ from tailrace.model.decoder.config import ModelConfig
 
 # read: x = norm(h), or h itself without a norm; attention: y = the attention of x (q/k/v, q/k
 # norms, rotary, the K/V stored, o_proj); feed_forward: y = the MLP or the mixture of experts of
-# x; norm_output: y = norm(y); scale: y = y * factor; add: h = h + y. Each product and sum is
-# rounded to the model's dtype once, as eager PyTorch rounds it.
-OPS = ("read", "attention", "feed_forward", "norm_output", "scale", "add")
+# x; norm_output: y = norm(y); scale: y = y * factor; add: h = h + y; norm_residual: h = norm(h)
+# (an encoder's, which the one-call forward does not run). Each product and sum is rounded to the
+# model's dtype once, as eager PyTorch rounds it.
+OPS = ("read", "attention", "feed_forward", "norm_output", "scale", "add", "norm_residual")
 
 # A layer's norms by the checkpoint's names, which a step names: RMSNorms over the hidden width
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -35,27 +36,33 @@ class Step:
 
 # Per norm style: each block's input norm and output norm ("pre": Llama's inputs only, the MLP's
 # under the name post_attention_layernorm; "sandwich": Gemma's inputs and outputs; "post": OLMo
-# 2's outputs only)
+# 2's outputs only). "post_residual" (BERT's) norms the residual stream after each add instead.
+_RESIDUAL_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 _BLOCK_NORMS = {
     "pre": (("input_layernorm", None), ("post_attention_layernorm", None)),
     "sandwich": (("input_layernorm", "post_attention_layernorm"),
                  ("pre_feedforward_layernorm", "post_feedforward_layernorm")),
     "post": ((None, "post_attention_layernorm"), (None, "post_feedforward_layernorm")),
+    "post_residual": ((None, None), (None, None)),
 }
 
 
 def layer_steps(config: ModelConfig) -> tuple[Step, ...]:
     """A layer's steps: for the attention block and then the feed-forward block, its input read
     (normed or not), the block, its output's norm where the style norms outputs, its output times
-    the residual multiplier where there is one (Granite), and its output added to h."""
+    the residual multiplier where there is one (Granite), its output added to h, and h normed
+    where the style norms the residual (BERT)."""
     steps: list[Step] = []
-    for block, (input_norm, output_norm) in zip(("attention", "feed_forward"), _BLOCK_NORMS[config.norm_style]):
+    blocks = zip(("attention", "feed_forward"), _BLOCK_NORMS[config.norm_style], _RESIDUAL_NORMS)
+    for block, (input_norm, output_norm), residual_norm in blocks:
         steps += [Step("read", input_norm), Step(block)]
         if output_norm is not None:
             steps.append(Step("norm_output", output_norm))
         if config.residual_multiplier != 1.0:
             steps.append(Step("scale", factor=config.residual_multiplier))
         steps.append(Step("add"))
+        if config.norm_style == "post_residual":
+            steps.append(Step("norm_residual", residual_norm))
     return tuple(steps)
 
 
@@ -144,4 +151,14 @@ OUTSIDE_PLAN = {
     "torch_dtype": "how the checkpoint is stored, not how it runs",
     "bos_token_id": "the tokenizer's",
     "eos_token_ids": "the engine's stop tokens",
+    # An encoder's forward runs module by module (backends refuses it the one-call forward).
+    "causal": "an encoder's: not in the one-call forward",
+    "layer_norm": "an encoder's: not in the one-call forward",
+    "absolute_positions": "an encoder's: not in the one-call forward",
+    "position_offset": "an encoder's: not in the one-call forward",
+    "type_vocab_size": "an encoder's: not in the one-call forward",
+    "embedding_norm": "an encoder's: not in the one-call forward",
+    "mlp_gated": "an encoder's: not in the one-call forward",
+    "mlp_bias": "an encoder's: not in the one-call forward",
+    "num_labels": "the score head, after the forward",
 }

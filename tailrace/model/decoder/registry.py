@@ -67,6 +67,12 @@ class Architecture:
     image_text_defaults: Mapping[str, Any] = field(default_factory=dict)
     # Its base model's class (no language-model head), as embedding models ship it (Qwen3-Embedding)
     base_name: str = ""
+    # Its sequence classifier's class (a score head on one token's hidden state: cross-encoders)
+    classifier_name: str = ""
+    # An encoder (BERT and its kin): bidirectional attention, post-residual LayerNorms, learned
+    # absolute positions and token types, a plain GELU MLP, biases throughout; it pools or
+    # classifies, never generates (config.py's _encoder_features).
+    encoder: bool = False
 
     # ModelConfig's features
     qkv_bias_always: bool = False  # q/k/v have biases that no config flag names (Qwen2)
@@ -137,6 +143,10 @@ ARCHITECTURES = (
                  gguf_attention_bias=True, gguf_yarn_truncate=False),
     Architecture("GraniteForCausalLM", ("granite",), bias_flag_covers_out=True, multipliers=True, gguf_arch="granite",
                  gguf_permuted=True),
+    Architecture("BertModel", ("bert",), classifier_name="BertForSequenceClassification", encoder=True),
+    Architecture("XLMRobertaModel", ("xlm-roberta",), classifier_name="XLMRobertaForSequenceClassification",
+                 encoder=True),
+    Architecture("RobertaModel", ("roberta",), classifier_name="RobertaForSequenceClassification", encoder=True),
     Architecture("Olmo2ForCausalLM", ("olmo2",), bias_flag_covers_out=True, qk_norm=True, qk_norm_over_heads=True,
                  norm_style="post", gguf_arch="olmo2", gguf_layer_names=_OLMO2_GGUF_LAYER_NAMES),
 )
@@ -144,23 +154,35 @@ ARCHITECTURES = (
 _BY_NAME = {entry.name: entry for entry in ARCHITECTURES}
 _BY_IMAGE_TEXT_NAME = {entry.image_text_name: entry for entry in ARCHITECTURES if entry.image_text_name}
 _BY_BASE_NAME = {entry.base_name: entry for entry in ARCHITECTURES if entry.base_name}
+_BY_CLASSIFIER_NAME = {entry.classifier_name: entry for entry in ARCHITECTURES if entry.classifier_name}
 _BY_MODEL_TYPE = {model_type: entry for entry in ARCHITECTURES for model_type in entry.model_types}
 # The first entry of each GGUF name is the one its dense files are (llama: Llama, not Mixtral).
 GGUF_ARCHITECTURES = {arch: next(e for e in ARCHITECTURES if e.gguf_arch == arch)
                       for arch in dict.fromkeys(e.gguf_arch for e in ARCHITECTURES if e.gguf_arch)}
-# Every class name config.json may give: the text models', the image-text ones' and the base models'.
-SUPPORTED_NAMES = frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME) | frozenset(_BY_BASE_NAME)
+# Every class name config.json may give: the text models', the image-text ones', the base models'
+# and the classifiers'.
+SUPPORTED_NAMES = (frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME) | frozenset(_BY_BASE_NAME)
+                   | frozenset(_BY_CLASSIFIER_NAME))
 
 
 def architecture(name: str) -> Architecture:
-    """The entry of a text model's (or its base model's) Hugging Face class name; KeyError for
-    any other."""
-    return _BY_NAME[name] if name in _BY_NAME else _BY_BASE_NAME[name]
+    """The entry of a text model's (or its base model's, or its classifier's) Hugging Face class
+    name; KeyError for any other."""
+    for table in (_BY_NAME, _BY_BASE_NAME, _BY_CLASSIFIER_NAME):
+        if name in table:
+            return table[name]
+    raise KeyError(name)
 
 
 def is_base_model(name: str) -> bool:
-    """Whether `name` is a base model's class: hidden states out, no language-model head."""
-    return name in _BY_BASE_NAME
+    """Whether `name` is a base model's class: hidden states out, no language-model head (an
+    encoder's own class is one)."""
+    return name in _BY_BASE_NAME or (name in _BY_NAME and _BY_NAME[name].encoder)
+
+
+def is_classifier(name: str) -> bool:
+    """Whether `name` is a sequence classifier's class (a cross-encoder's)."""
+    return name in _BY_CLASSIFIER_NAME
 
 
 def by_model_type(model_type: str) -> Architecture | None:

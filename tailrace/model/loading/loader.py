@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from tailrace.model.decoder import registry
 
 from tailrace.model.cpu.huge_pages import release_freed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
-from tailrace.model.decoder.llama import Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
+from tailrace.model.decoder.llama import LayerNorm, Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
 from tailrace.model.loading import gguf
 from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
@@ -210,8 +211,10 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | N
     for module in list(model.modules()):  # the order of model.parameters(): the same draws
         for param in module.parameters(recurse=False):
             param.copy_(torch.randn(param.shape, generator=generator, device=device) * _DUMMY_STD)
-        if isinstance(module, RMSNorm):
+        if isinstance(module, (RMSNorm, LayerNorm)):
             module.weight.fill_(1.0)
+        if isinstance(module, LayerNorm):
+            module.bias.zero_()
         elif quantization is not None and type(module) is Linear:
             parent, name = parent_of[id(module)]
             setattr(parent, name, quantize_linear(module.weight, module.bias, quantization))
@@ -315,8 +318,9 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []
+    encoder = not model.config.causal
     for name, tensor in _each_expert(tensors):
-        name = _canonical(name)
+        name = _encoder_name(name) if encoder else _canonical(name)
         if _ignored(name, model.config):
             continue
         if name not in expected:
@@ -387,17 +391,64 @@ def _canonical(name: str) -> str:
     return name
 
 
+# BERT's, RoBERTa's and XLM-R's checkpoint names (after a classifier's bert. or roberta.) -> the model's
+_ENCODER_PREFIXES = ("bert.", "roberta.")
+_ENCODER_PARTS = {
+    "embeddings.word_embeddings.": "model.embed_tokens.",
+    "embeddings.position_embeddings.": "model.embed_positions.",
+    "embeddings.token_type_embeddings.": "model.embed_types.",
+    "embeddings.LayerNorm.": "model.embed_norm.",
+    # a classifier's head: BERT's pooler and classifier, RoBERTa's classification head
+    "pooler.dense.": "score.dense.",
+    "classifier.dense.": "score.dense.",
+    "classifier.out_proj.": "score.out_proj.",
+    "classifier.": "score.out_proj.",
+}
+_ENCODER_LAYER_PARTS = {
+    "attention.self.query.": "self_attn.q_proj.",
+    "attention.self.key.": "self_attn.k_proj.",
+    "attention.self.value.": "self_attn.v_proj.",
+    "attention.output.dense.": "self_attn.o_proj.",
+    "attention.output.LayerNorm.": "post_attention_layernorm.",
+    "intermediate.dense.": "mlp.up_proj.",
+    "output.dense.": "mlp.down_proj.",
+    "output.LayerNorm.": "post_feedforward_layernorm.",
+}
+_ENCODER_LAYERS = re.compile(r"encoder\.layer\.(\d+)\.")
+
+
+def _encoder_name(name: str) -> str:
+    """An encoder checkpoint's name as the model's (LayerNorm's gamma and beta as weight and bias,
+    as checkpoints converted from TensorFlow name them)."""
+    for prefix in _ENCODER_PREFIXES:
+        name = name.removeprefix(prefix)
+    if name.endswith(".gamma") or name.endswith(".beta"):
+        name = name.rsplit(".", 1)[0] + (".weight" if name.endswith(".gamma") else ".bias")
+    layer = _ENCODER_LAYERS.match(name)
+    parts = _ENCODER_PARTS
+    if layer is not None:
+        name, parts = name[layer.end():], _ENCODER_LAYER_PARTS
+    for old, new in parts.items():
+        if name.startswith(old):
+            name = new + name[len(old):]
+            break
+    return name if layer is None else f"model.layers.{layer.group(1)}.{name}"
+
+
 def _ignored(name: str, config: ModelConfig) -> bool:
-    # Old checkpoints store RoPE frequencies; tied checkpoints sometimes still store lm_head; a
-    # multimodal one its image tower and projector, which serve no text.
-    return (name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
-            or name.removeprefix("model.").split(".")[0] in _IMAGE_PARTS)
+    # Old checkpoints store RoPE frequencies (an encoder's its position ids); tied checkpoints
+    # sometimes still store lm_head; a multimodal one its image tower and projector, which serve
+    # no text; an encoder's base model its pooler, which its embeddings do not use.
+    return (name.endswith(("rotary_emb.inv_freq", "embeddings.position_ids"))
+            or (config.tie_word_embeddings and name == "lm_head.weight")
+            or name.removeprefix("model.").split(".")[0] in _IMAGE_PARTS
+            or (not config.num_labels and name.startswith("score.")))
 
 
 def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
     module, _, kind = name.rpartition(".")
     prefix, _, projection = module.rpartition(".")
-    if projection in _FUSED_PARTS:
+    if projection in _FUSED_PARTS and name not in params:  # an ungated MLP's up_proj is its own
         fused, part = _FUSED_PARTS[projection]
         target = params[f"{prefix}.{fused}.{kind}"]
         start, size = _part_rows(fused, part, config, target)

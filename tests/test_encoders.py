@@ -1,0 +1,113 @@
+"""BERT and XLM-RoBERTa encoders in the engine, against sentence-transformers on random
+checkpoints the tests write (the family's own tokenizer, float32): embeddings as
+SentenceTransformer.encode makes them (CLS and mean pooling), cross-encoder scores as
+CrossEncoder.predict gives them (the pair's second text typed 1 where the family types pairs),
+each the same bits alone and in a batch of 64 of other lengths; a prompt runs whole, never
+chunked; an encoder refuses to generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from embedding_models import engine_vectors, save_encoder_model
+from sentence_transformers import CrossEncoder, SentenceTransformer
+
+from tailrace.engine.config import EngineConfig
+from tailrace.engine.core import EngineCore, EngineRequest
+from tailrace.sampling_params import SamplingParams
+from tailrace.tokenizer import load_tokenizer
+
+FAMILIES = ["bert", "xlm-roberta"]
+TEXTS = ["hello world", "what is the capital of france?", "the cat sat on the mat",
+         "zebra quantum xylophone " * 3, "x"]
+PAIRS = [("what is the capital of france?", "paris is the capital city of france."),
+         ("what is the capital of france?", "the cat sat on the mat"), ("how fast is the server?", "fast"),
+         ("hello", "hello world " * 10)]
+
+
+def core(folder: Path, **settings: object) -> EngineCore:
+    return EngineCore(EngineConfig(model=str(folder), dtype="float32", num_kv_blocks=256, **settings))
+
+
+@pytest.fixture(scope="module", params=[(f, p) for f in FAMILIES for p in ("cls", "mean")],
+                ids=lambda fp: "-".join(fp))
+def embedder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    family, pooling = request.param
+    return save_encoder_model(tmp_path_factory.mktemp(f"{family}-{pooling}"), family, pooling=pooling), pooling
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def cross_encoder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_encoder_model(tmp_path_factory.mktemp(f"{request.param}-ce"), request.param, classifier=True)
+
+
+def test_embeddings_are_sentence_transformers_encode(embedder):
+    folder, method = embedder
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    tokenizer = load_tokenizer(str(folder))
+    got = np.stack(engine_vectors(core(folder), [tokenizer.encode(t) for t in TEXTS], method))
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine
+
+
+def test_cross_encoder_scores_are_sentence_transformers_predict(cross_encoder):
+    expected = CrossEncoder(str(cross_encoder), device="cpu").predict(PAIRS)
+    tokenizer = load_tokenizer(str(cross_encoder))
+    encoded = [tokenizer.encode_pair(*pair) for pair in PAIRS]
+    logits = engine_vectors(core(cross_encoder), [ids for ids, _ in encoded], "score", [start for _, start in encoded])
+    scores = 1 / (1 + np.exp(-np.concatenate(logits)))
+    assert np.abs(scores - expected).max() <= 1e-4, (scores, expected)
+
+
+def test_bert_types_a_pairs_second_text_and_xlm_r_does_not(cross_encoder):
+    ids, start = load_tokenizer(str(cross_encoder)).encode_pair(*PAIRS[0])
+    if "bert" == cross_encoder.name.split("-ce")[0]:
+        assert start is not None and ids[start - 1] == ids[-1]  # [SEP] ends the first text, and the pair
+    else:
+        assert start is None
+
+
+@pytest.mark.parametrize("method", ["mean", "score"])
+def test_a_prompt_is_the_same_alone_and_in_a_batch_of_64_of_other_lengths(embedder, cross_encoder, method):
+    folder = embedder[0] if method == "mean" else cross_encoder
+    tokenizer = load_tokenizer(str(folder))
+    if method == "mean":
+        target, start = tokenizer.encode(TEXTS[1]), None
+        others = [(tokenizer.encode("the code " * (1 + i % 13) + str(i)), None) for i in range(63)]
+    else:
+        target, start = tokenizer.encode_pair(*PAIRS[0])
+        others = [tokenizer.encode_pair("query " * (1 + i % 5), "document " * (1 + i % 11)) for i in range(63)]
+    alone = engine_vectors(core(folder), [target], method, [start])[0]
+    batch = [*others[:20], (target, start), *others[20:]]
+    together = engine_vectors(core(folder), [ids for ids, _ in batch], method, [s for _, s in batch])
+    assert np.array_equal(together[20], alone)
+
+
+def test_a_prompt_runs_whole_never_chunked(embedder):
+    folder, method = embedder
+    tokenizer = load_tokenizer(str(folder))
+    prompts = [ids for ids in (tokenizer.encode(t) for t in TEXTS) if len(ids) <= 16]
+    assert len(prompts) >= 3 and sum(map(len, prompts)) > 16
+    small = core(folder, max_num_batched_tokens=16, max_num_seqs=8)
+    assert small.max_model_len == 16  # the longest prompt one step holds
+    schedule, seen = small.scheduler.schedule, []
+
+    def recording():
+        out = schedule()
+        seen.extend((item.seq.num_computed_tokens, item.num_new_tokens, item.seq.num_tokens) for item in out.scheduled)
+        return out
+
+    small.scheduler.schedule = recording
+    vectors = engine_vectors(small, prompts, method)
+    assert len(seen) == len(prompts) and all(done == 0 and new == total for done, new, total in seen)
+    assert all(np.array_equal(a, b) for a, b in zip(vectors, engine_vectors(core(folder), prompts, method)))
+
+
+def test_an_encoder_cannot_generate_and_only_a_classifier_scores(embedder):
+    engine = core(embedder[0])
+    with pytest.raises(ValueError, match="encoder: it embeds or scores, and cannot generate"):
+        engine.add_request(EngineRequest("g", [2, 5, 3], SamplingParams(max_tokens=4)))
+    with pytest.raises(ValueError, match="no classifier"):
+        engine.add_request(EngineRequest("s", [2, 5, 3], SamplingParams(max_tokens=0, pooling="score")))
