@@ -131,3 +131,16 @@ def save_encoder_model(directory: Path, family: str = "bert", pooling: str | Non
         return directory
     write_modules(directory, settings["hidden_size"], pooling, normalize, max_seq_length=128)
     return directory
+
+
+def with_dense(folder: Path, directory: Path, out_features: int = 32) -> Path:
+    """`folder`'s model with a Dense module (tanh, with a bias) between its Pooling and Normalize
+    modules, saved by sentence-transformers itself into `directory` (its current module paths)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    torch.manual_seed(1)
+    dense = Dense(model.get_embedding_dimension(), out_features, activation_function=torch.nn.Tanh())
+    SentenceTransformer(modules=[model[0], model[1], dense, *list(model)[2:]], device="cpu").save(str(directory))
+    return directory

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embedding_models import engine_vectors, save_encoder_model
+from embedding_models import engine_vectors, save_encoder_model, with_dense
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from tailrace.engine.config import EngineConfig
@@ -111,3 +111,14 @@ def test_an_encoder_cannot_generate_and_only_a_classifier_scores(embedder):
         engine.add_request(EngineRequest("g", [2, 5, 3], SamplingParams(max_tokens=4)))
     with pytest.raises(ValueError, match="no classifier"):
         engine.add_request(EngineRequest("s", [2, 5, 3], SamplingParams(max_tokens=0, pooling="score")))
+
+
+def test_dense_modules_run_after_pooling_as_sentence_transformers_runs_them(embedder, tmp_path):
+    folder = with_dense(embedder[0], tmp_path / "dense")
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    engine = core(folder)
+    assert engine.runner.model.embedding_size == expected.shape[1] == 32
+    tokenizer = load_tokenizer(str(folder))
+    got = np.stack(engine_vectors(engine, [tokenizer.encode(t) for t in TEXTS], embedder[1]))
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine

@@ -67,9 +67,19 @@ def test_a_module_that_cannot_be_served_is_named(folder, tmp_path):
     copy = tmp_path / "dense"
     copy.mkdir()
     modules = json.loads((folder / "modules.json").read_text())
-    (copy / "modules.json").write_text(json.dumps([*modules, {"idx": 9, "name": "9", "path": "2_Dense",
-                                                              "type": "sentence_transformers.models.Dense"}]))
-    with pytest.raises(ValueError, match="'sentence_transformers.models.Dense' cannot be served"):
+    (copy / "modules.json").write_text(json.dumps([*modules, {"idx": 9, "name": "9", "path": "2_LSTM",
+                                                              "type": "sentence_transformers.models.LSTM"}]))
+    with pytest.raises(ValueError, match="the module 'LSTM' cannot be served"):
+        read_pooling(str(copy))
+
+
+def test_modules_run_in_sentence_transformers_order(folder, tmp_path):
+    copy = tmp_path / "order"
+    copy.mkdir()
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = {"idx": 9, "name": "9", "path": "2_Dense", "type": "sentence_transformers.base.modules.dense.Dense"}
+    (copy / "modules.json").write_text(json.dumps([modules[0], dense, *modules[1:]]))
+    with pytest.raises(ValueError, match="run in the order Transformer, Dense, Pooling"):
         read_pooling(str(copy))
 
 

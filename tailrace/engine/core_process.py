@@ -91,9 +91,10 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     freeze_startup_objects()
     mc = core.runner.model_config
     dtype = str(core.runner.model.dtype).removeprefix("torch.")
+    model = core.runner.model
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
                                             mc.vocab_size, dtype, core.runner.device.type, core.stats(),
-                                            core.runner.backends.record(core.runner.model), mc.hidden_size)))
+                                            core.runner.backends.record(model), model.embedding_size)))
     try:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):

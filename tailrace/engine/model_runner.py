@@ -267,12 +267,7 @@ class ModelRunner:
             kept = self._pooling.setdefault(seq.seq_id, [])
             kept.append(hidden[[at[r] for r in pooled]].float())
             if scheduled[i].samples:  # the prompt's last chunk
-                states = torch.cat(self._pooling.pop(seq.seq_id))
-                method = seq.params.pooling
-                if method == "score":  # the classifier on the first token's state, at the model's dtype
-                    vector = self.model.score(states[:1].to(self.model.dtype))[0].float()
-                else:
-                    vector = states.mean(0) if method == "mean" else states[0]
+                vector = self.model.pooled_vector(torch.cat(self._pooling.pop(seq.seq_id)), seq.params.pooling)
                 step.embeddings.append((i, vector.to("cpu", non_blocking=True)))
         return logits
 

@@ -1,6 +1,7 @@
 """How an embedding model turns its hidden states into one vector, read once from its folder the
 way sentence-transformers reads it: modules.json lists a Transformer, then a Pooling module (whose
-config.json names the mode) and optionally a Normalize module. A model without modules.json
+config.json names the mode), Dense modules (which the engine runs after pooling:
+model/loading/st_modules.py) and optionally a Normalize module. A model without modules.json
 served with --task embed pools its last token and normalizes, as vLLM does for decoder models."""
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailrace.model.decoder import registry
+from tailrace.model.loading.st_modules import StModule, st_modules
 from tailrace.tokenizer import read_json
 
 # sentence-transformers' Pooling config key -> the engine's method (SamplingParams.pooling)
 _MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-_ST = "sentence_transformers.models."
+_ORDER = ("Transformer", "Pooling", "Dense", "Normalize")  # the modules served, in the order they run
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +31,14 @@ class Pooling:
     # "sigmoid" or "identity", as sentence-transformers' CrossEncoder applies it; None: an
     # embedding model, whose scores are cosines
     score_activation: str | None = None
+    dense: int = 0  # sentence-transformers Dense modules after pooling (run in the engine)
 
     def describe(self) -> str:
         if self.score_activation is not None:
             return f"each pair's classifier output on its first token, through {self.score_activation}"
-        return {"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[
-            self.method] + " hidden state" + (", normalized" if self.normalize else "")
+        return ({"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[self.method]
+                + " hidden state" + (f", through {self.dense} Dense module(s)" if self.dense else "")
+                + (", normalized" if self.normalize else ""))
 
 
 TASKS = ("auto", "generate", "embed", "score")
@@ -58,7 +62,7 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
     if option == "score":
         raise ValueError("--task score serves a sequence classifier (a cross-encoder); this model embeds: serve it "
                          "with --task embed, and /v1/score and /v1/rerank compare its embeddings")
-    pooling_modules = any(m.get("type") == _ST + "Pooling" for m in _modules(root))
+    pooling_modules = any(m.kind == "Pooling" for m in st_modules(root))
     base = name if registry.is_base_model(name) else None
     if option == "generate" and base:
         raise ValueError(f"{base} is a base model with no language-model head: it cannot generate; serve it "
@@ -73,25 +77,37 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
 def read_pooling(model_path: str) -> Pooling:
     """The folder's pooling; ValueError names a module or mode that cannot be served."""
     root = Path(model_path)
-    modules = _modules(root)
+    modules = st_modules(root)
     matryoshka = _is_matryoshka(root)
     prompts, default_prompt = _prompts(root)
     if not modules:
         return Pooling("last", True, matryoshka, prompts, default_prompt)
-    kinds = {module.get("type", "").removeprefix(_ST): module for module in modules}
-    unknown = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
-    if unknown:
-        raise ValueError(f"{root / 'modules.json'}: the module {kinds[unknown[0]].get('type')!r} cannot be served; "
-                         "supported: Transformer, Pooling, Normalize")
-    if "Pooling" not in kinds:
-        raise ValueError(f"{root / 'modules.json'} lists no Pooling module")
-    settings = read_json(root / kinds["Pooling"].get("path", "") / "config.json")
+    _check_modules(root, modules)
+    pooling = next(m for m in modules if m.kind == "Pooling")
+    settings = read_json(pooling.path / "config.json")
     method = _pooling_method(settings)
     if not settings.get("include_prompt", True) and method != "last":
         raise ValueError("the Pooling module leaves the prompt's tokens out (include_prompt false), which cannot "
                          "be served")
-    normalize = "Normalize" in kinds
-    return Pooling(method, normalize, matryoshka, prompts, default_prompt)
+    normalize = any(m.kind == "Normalize" for m in modules)
+    return Pooling(method, normalize, matryoshka, prompts, default_prompt,
+                   dense=sum(m.kind == "Dense" for m in modules))
+
+
+def _check_modules(root: Path, modules: list[StModule]) -> None:
+    """Only Transformer, Pooling, Dense and Normalize modules, in that order, one Pooling."""
+    unknown = [m.kind for m in modules if m.kind not in _ORDER]
+    if unknown:
+        raise ValueError(f"{root / 'modules.json'}: the module {unknown[0]!r} cannot be served; supported: "
+                         f"{', '.join(_ORDER)}")
+    kinds = [m.kind for m in modules]
+    if kinds.count("Pooling") != 1:
+        raise ValueError(f"{root / 'modules.json'} lists {kinds.count('Pooling') or 'no'} Pooling modules; one "
+                         "can be served")
+    ranks = [_ORDER.index(kind) for kind in kinds]
+    if ranks != sorted(ranks):
+        raise ValueError(f"{root / 'modules.json'}: the modules run in the order {', '.join(kinds)}; served: "
+                         f"{', '.join(_ORDER)}")
 
 
 def read_cross_encoder(model_path: str) -> Pooling:
@@ -111,10 +127,6 @@ def read_cross_encoder(model_path: str) -> Pooling:
 
 def _class_name(root: Path) -> str:
     return (read_json(root / "config.json").get("architectures") or [""])[0]
-
-
-def _modules(root: Path) -> list[dict]:
-    return read_json(root / "modules.json") or []
 
 
 def _pooling_method(config: dict) -> str:

@@ -489,6 +489,20 @@ class ScoreHead(Module):
         return self.out_proj(torch.tanh(self.dense(h)))
 
 
+class PooledDense(Module):
+    """A sentence-transformers Dense module, run on a pooled vector: its activation of linear(v)."""
+
+    def __init__(self, linear: Linear, activation: str) -> None:
+        super().__init__()
+        self.linear = linear
+        self.out_features = linear.weight.shape[0]
+        self.activation = activation  # "identity" or "tanh"
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        y = self.linear(v)
+        return torch.tanh(y) if self.activation == "tanh" else y
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -500,6 +514,25 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
         self.score = ScoreHead(config, dtype) if config.num_labels else None
+        # An embedding model's Dense modules after pooling (loader.load_model reads them), in order
+        self.dense = nn.ModuleList()
+
+    @property
+    def embedding_size(self) -> int:
+        """The length of a pooled vector: the last Dense module's outputs, else the hidden size."""
+        return self.dense[-1].out_features if len(self.dense) else self.config.hidden_size
+
+    @torch.inference_mode()
+    def pooled_vector(self, states: torch.Tensor, method: str) -> torch.Tensor:
+        """A pooling sequence's final hidden states [rows, hidden] (float32) -> its vector (float32):
+        their mean ("mean") or its one row, through the Dense modules; "score": the classifier's
+        outputs on the first row."""
+        if method == "score":
+            return self.score(states[:1].to(self.dtype))[0].float()
+        vector = states.mean(0) if method == "mean" else states[0]
+        for layer in self.dense:
+            vector = layer(vector[None].to(self.dtype))[0].float()
+        return vector
 
     @torch.inference_mode()
     def forward(

@@ -17,11 +17,13 @@ from tailrace.model.decoder import registry
 
 from tailrace.model.cpu.huge_pages import release_freed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
-from tailrace.model.decoder.llama import LayerNorm, Linear, LlamaForCausalLM, RMSNorm, reorder_rotary_dims
+from tailrace.model.decoder.llama import (LayerNorm, Linear, LlamaForCausalLM, PooledDense, RMSNorm,
+                                          reorder_rotary_dims)
 from tailrace.model.loading import gguf
 from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes
+from tailrace.model.loading.st_modules import dense_layers
 from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
 
@@ -85,12 +87,29 @@ def load_model(
             _load_safetensors(model, path, quantization)
         else:
             _load_safetensors_shard(model, config, path, shard)
+    if os.path.isdir(path):
+        model.dense.extend(_pooled_dense(path, torch_dtype, device))
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
         quantize_model(model, quantization)
         release_freed()  # the float weights it replaced, which glibc would keep resident
     return model.eval(), config
+
+
+def _pooled_dense(path: str, dtype: torch.dtype, device: str) -> list[PooledDense]:
+    """A sentence-transformers folder's Dense modules (st_modules.dense_layers), at `dtype`."""
+    modules = []
+    for layer in dense_layers(path):
+        out_features, in_features = layer.weight.shape
+        with torch.device(device):
+            linear = Linear(in_features, out_features, layer.bias is not None, dtype)
+        with torch.no_grad():
+            linear.weight.copy_(layer.weight)
+            if layer.bias is not None:
+                linear.bias.copy_(layer.bias)
+        modules.append(PooledDense(linear, layer.activation))
+    return modules
 
 
 def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantization: str | None,

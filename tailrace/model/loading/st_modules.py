@@ -1,0 +1,67 @@
+"""A sentence-transformers folder's modules (modules.json) as sentence-transformers lists them:
+each module's kind (the class name, under the module paths of every release:
+`sentence_transformers.models.Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`)
+and its folder; and its Dense modules' layers, which run in the engine after pooling."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+_PREFIX = "sentence_transformers."
+# A Dense module's activation (by its class path) -> the function the engine applies
+DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
+_DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"  # the Dense module's own default
+
+
+@dataclass(frozen=True, slots=True)
+class StModule:
+    kind: str  # "Transformer", "Pooling", "Dense", "Normalize", or a foreign module's full type
+    path: Path  # its folder
+
+
+@dataclass(frozen=True, slots=True)
+class DenseLayer:
+    weight: torch.Tensor  # [out, in]
+    bias: torch.Tensor | None
+    activation: str  # a DENSE_ACTIVATIONS value
+
+
+def st_modules(root: Path) -> list[StModule]:
+    """The folder's modules in order; [] without modules.json."""
+    path = root / "modules.json"
+    if not path.is_file():
+        return []
+    listed = json.loads(path.read_text(encoding="utf-8"))
+    return [StModule(_kind(m.get("type", "")), root / m.get("path", "")) for m in listed]
+
+
+def _kind(module_type: str) -> str:
+    return module_type.rsplit(".", 1)[-1] if module_type.startswith(_PREFIX) else module_type
+
+
+def dense_layers(model_path: str) -> list[DenseLayer]:
+    """The folder's Dense modules in order, their weights from safetensors; ValueError for an
+    activation or a layout that cannot be served."""
+    layers = []
+    for module in st_modules(Path(model_path)):
+        if module.kind != "Dense":
+            continue
+        config = json.loads((module.path / "config.json").read_text(encoding="utf-8"))
+        activation = config.get("activation_function", _DEFAULT_ACTIVATION)
+        if activation not in DENSE_ACTIVATIONS:
+            raise ValueError(f"{module.path}: the Dense activation {activation!r} cannot be served; supported: "
+                             f"{', '.join(DENSE_ACTIVATIONS)}")
+        if config.get("use_residual"):
+            raise ValueError(f"{module.path}: a Dense module with use_residual cannot be served")
+        weights_path = module.path / "model.safetensors"
+        if not weights_path.is_file():
+            raise ValueError(f"{module.path}: no model.safetensors (a Dense module's weights are read from "
+                             "safetensors only)")
+        weights = load_file(str(weights_path))
+        layers.append(DenseLayer(weights["linear.weight"], weights.get("linear.bias"), DENSE_ACTIVATIONS[activation]))
+    return layers
