@@ -7,6 +7,7 @@ chunked; an encoder refuses to generate."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ import pytest
 from embedding_models import engine_vectors, save_encoder_model, with_dense
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
+from tailrace.bench.peers import llamacpp
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.sampling_params import SamplingParams
+from tailrace.serving.pooling import Pooling, resolve_task
 from tailrace.tokenizer import load_tokenizer
 
 FAMILIES = ["bert", "xlm-roberta"]
@@ -122,3 +125,30 @@ def test_dense_modules_run_after_pooling_as_sentence_transformers_runs_them(embe
     got = np.stack(engine_vectors(engine, [tokenizer.encode(t) for t in TEXTS], embedder[1]))
     cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.99999, cosine
+
+
+def convert(llamacpp_tree: Path, folder: Path, out: Path) -> Path:
+    subprocess.run(llamacpp.convert_command(llamacpp_tree, folder, "f32", out), check=True, capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_bert_gguf_by_llama_cpps_converter_embeds_as_its_folder(llamacpp_tree, tmp_path, pooling):
+    folder = save_encoder_model(tmp_path / "bert", "bert", pooling=pooling)
+    gguf = convert(llamacpp_tree, folder, tmp_path / "bert.gguf")
+    assert resolve_task("auto", str(gguf))[0] == Pooling(pooling, True)  # the file's pooling_type
+    texts = [*TEXTS, "Héllo, Wörld!", "日本語 text", "tab\tand\nnewline", "UPPER lower 123"]
+    ours, theirs = load_tokenizer(str(folder)), load_tokenizer(str(gguf))
+    assert [theirs.encode(t) for t in texts] == [ours.encode(t) for t in texts]
+    assert theirs.encode_pair(*PAIRS[0]) == ours.encode_pair(*PAIRS[0])
+    prompts = [ours.encode(t) for t in texts]
+    from_folder = engine_vectors(core(folder), prompts, pooling)
+    from_gguf = engine_vectors(core(gguf), prompts, pooling)
+    assert all(np.array_equal(a, b) for a, b in zip(from_folder, from_gguf))
+
+
+def test_a_bert_classifiers_gguf_is_refused_by_name(llamacpp_tree, tmp_path):
+    folder = save_encoder_model(tmp_path / "ce", "bert", classifier=True)
+    gguf = convert(llamacpp_tree, folder, tmp_path / "ce.gguf")
+    with pytest.raises(ValueError, match="writes without its pooler"):
+        core(gguf)

@@ -14,12 +14,11 @@ from tailrace.model.loading.gguf_tokenizer import build_tokenizer
 from tailrace.tokenizer import load_tokenizer
 
 ENCODED_AS_LLAMA_CPP = [
-    "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt",
+    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt",
     "phi-3", "qwen2", "qwen35", "refact", "starcoder",
 ]
 # vocabulary -> the tokenizer model that tailrace refuses, by name
 REFUSED = {
-    "bert-bge": "bert",  # WordPiece
     "gemma-4": "gemma4",  # BPE over raw UTF-8 with ▁ for spaces: neither byte-level nor SentencePiece
 }
 _TEST_SEPARATOR = "\n__ggml_vocab_test__\n"

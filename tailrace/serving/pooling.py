@@ -10,12 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailrace.model.decoder import registry
+from tailrace.model.loading import gguf
+from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.st_modules import StModule, st_modules
 from tailrace.tokenizer import read_json
 
 # sentence-transformers' Pooling config key -> the engine's method (SamplingParams.pooling)
 _MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
 _ORDER = ("Transformer", "Pooling", "Dense", "Normalize")  # the modules served, in the order they run
+# llama.cpp's pooling_type (a GGUF's {arch}.pooling_type) -> the engine's method
+_GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,12 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
     BertModel: no language-model head), scores pairs with a sequence classifier (a cross-encoder),
     and generates with anything else."""
     root = Path(model_path)
+    encoder = gguf_encoder_pooling(model_path) if is_gguf(model_path) else None
+    if encoder is not None:
+        if option in ("generate", "score"):
+            raise ValueError(f"this GGUF is an encoder: it embeds and cannot {option}; serve it with --task embed "
+                             "or auto")
+        return encoder, f"task: embed (a GGUF encoder): {encoder.describe()}"
     name = _class_name(root)
     if registry.is_classifier(name):
         if option in ("generate", "embed"):
@@ -108,6 +118,20 @@ def _check_modules(root: Path, modules: list[StModule]) -> None:
     if ranks != sorted(ranks):
         raise ValueError(f"{root / 'modules.json'}: the modules run in the order {', '.join(kinds)}; served: "
                          f"{', '.join(_ORDER)}")
+
+
+def gguf_encoder_pooling(model_path: str) -> Pooling | None:
+    """A GGUF encoder's pooling, as its metadata names it (llama.cpp's pooling_type), normalized
+    as llama.cpp's server normalizes its embeddings; None for any other GGUF."""
+    reader = gguf.open_gguf(model_path)
+    arch = gguf.architecture(reader)
+    if not registry.GGUF_ARCHITECTURES[arch].encoder:
+        return None
+    kind = gguf.metadata(reader, f"{arch}.pooling_type", None)
+    if kind not in _GGUF_POOLING:
+        raise ValueError(f"{arch}.pooling_type {kind} cannot be served; supported: "
+                         + ", ".join(f"{k} ({v})" for k, v in _GGUF_POOLING.items()))
+    return Pooling(_GGUF_POOLING[kind], True)
 
 
 def read_cross_encoder(model_path: str) -> Pooling:

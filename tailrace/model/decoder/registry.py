@@ -47,6 +47,14 @@ _GPT_OSS_GGUF_LAYER_NAMES = {**LLAMA_GGUF_LAYER_NAMES, "post_attention_norm": "p
 # Phi-3 keeps q/k/v in one tensor, and gate and up in ffn_up.
 _PHI3_GGUF_LAYER_NAMES = {**LLAMA_GGUF_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 
+# BERT's layers as llama.cpp's converter names them: LayerNorms after the attention's and the
+# MLP's residual adds, and a plain MLP (up, then down)
+_BERT_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_output_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "layer_output_norm": "post_feedforward_layernorm",
+}
+
 # Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
 # text_config names only what differs from Gemma3TextConfig's defaults, which these are.
 _GEMMA3_TEXT_DEFAULTS = {
@@ -143,7 +151,8 @@ ARCHITECTURES = (
                  gguf_attention_bias=True, gguf_yarn_truncate=False),
     Architecture("GraniteForCausalLM", ("granite",), bias_flag_covers_out=True, multipliers=True, gguf_arch="granite",
                  gguf_permuted=True),
-    Architecture("BertModel", ("bert",), classifier_name="BertForSequenceClassification", encoder=True),
+    Architecture("BertModel", ("bert",), classifier_name="BertForSequenceClassification", encoder=True,
+                 gguf_arch="bert", gguf_layer_names=_BERT_GGUF_LAYER_NAMES),
     Architecture("XLMRobertaModel", ("xlm-roberta",), classifier_name="XLMRobertaForSequenceClassification",
                  encoder=True),
     Architecture("RobertaModel", ("roberta",), classifier_name="RobertaForSequenceClassification", encoder=True),

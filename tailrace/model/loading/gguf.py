@@ -32,6 +32,10 @@ DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
+    # an encoder's (BERT's): learned positions and token types, and the norm of their sum
+    "position_embd": "model.embed_positions",
+    "token_types": "model.embed_types",
+    "token_embd_norm": "model.embed_norm",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
@@ -136,7 +140,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
     eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
     experts = _experts_config(value, tensors)
     entry = registry.gguf_architecture(arch, bool(experts))
-    return {**_architecture_config(entry, value), **experts, **{
+    return {**_architecture_config(entry, value, tensors), **experts, **{
         "architectures": [entry.name],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
@@ -145,7 +149,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": value("attention.head_count_kv", heads),
         "head_dim": value("attention.key_length", hidden // heads),
-        "rms_norm_eps": value("attention.layer_norm_rms_epsilon"),
+        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", None if entry.encoder else _REQUIRED),
         "rope_theta": value("rope.freq_base", 10000.0),
         "rope_scaling": _rope_scaling(reader, entry, tensors),
         "max_position_embeddings": value("context_length"),
@@ -180,11 +184,13 @@ def _experts_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, A
             "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]}
 
 
-def _architecture_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
+def _architecture_config(entry: registry.Architecture, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
     """What sets an architecture apart, as llama.cpp reads it from the metadata and its own fixed
     rules (src/models/*.cpp in its tree): SmolLM3's layers without rope (every 4th), Granite's
     multipliers, gpt-oss's biases and windows, Phi-3's partial rotary, Gemma's windows and scales."""
     config: dict[str, Any] = {}
+    if entry.encoder:
+        config |= _encoder_config(value, tensors)
     if entry.nope_interval:
         config["no_rope_layer_interval"] = entry.nope_interval
     if entry.multipliers:  # as llama.cpp's converter names them
@@ -205,6 +211,17 @@ def _architecture_config(entry: registry.Architecture, value: Any) -> dict[str, 
     if entry.gguf_attention_bias:
         config["attention_bias"] = True
     return config
+
+
+def _encoder_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
+    """BERT's, as llama.cpp's converter writes it: positions from 0 (a RoBERTa or XLM-R table is
+    written without its padding rows), token types where the file has their table."""
+    if value("classifier.output_labels", None) is not None:
+        raise ValueError("this GGUF is a BERT classifier, which llama.cpp's converter writes without its pooler "
+                         "(dense and tanh before the classifier): serve the checkpoint's folder instead")
+    return {"model_type": "bert", "hidden_act": "gelu", "layer_norm_eps": value("attention.layer_norm_epsilon"),
+            "position_embedding_type": "absolute",
+            "type_vocab_size": int(tensors["token_types.weight"].shape[1]) if "token_types.weight" in tensors else 0}
 
 
 def _gemma_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:

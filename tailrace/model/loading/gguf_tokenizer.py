@@ -1,14 +1,17 @@
 """A Hugging Face `tokenizers.Tokenizer` rebuilt from a GGUF file's tokenizer.ggml.* metadata.
 
-Two vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
-its tokenizer.ggml.pre names) and "llama" (SentencePiece: ▁-marked pieces with scores, turned into
-BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does).
+Three vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
+its tokenizer.ggml.pre names), "llama" (SentencePiece: ▁-marked pieces with scores, turned into
+BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does) and
+"bert" (WordPiece, word-initial pieces marked ▁ where BERT's own vocabulary marks the others ##;
+BERT's normalizer and pre-tokenizer, [CLS] and [SEP] around a text and between a pair's two, as
+llama.cpp's WPM tokenizer and BERT's tokenizer.json both split).
 """
 
 from __future__ import annotations
 
 from gguf import GGUFReader, TokenType
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from tailrace.model.loading.gguf import metadata
 
@@ -90,9 +93,11 @@ def build_tokenizer(reader: GGUFReader) -> Tokenizer:
         tokenizer = _sentencepiece(tokens, metadata(reader, "tokenizer.ggml.scores"),
                                    None if unk is None else tokens[unk],
                                    metadata(reader, "tokenizer.ggml.add_space_prefix", True))
+    elif kind == "bert":
+        tokenizer = _wordpiece(reader, tokens, types)
     else:
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r}; supported: gpt2 (byte-level BPE), "
-                         "llama (SentencePiece)")
+                         "llama (SentencePiece), bert (WordPiece)")
     # Control tokens (<|im_end|>, <s>) are special; user-defined ones (<think>) are matched whole but
     # are text. Both keep their ids: they are already in the vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -128,6 +133,38 @@ def _sentencepiece(tokens: list[str], scores: list[float], unk: str | None, add_
     if add_space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))  # the space the normalizer put before the text
     tokenizer.decoder = decoders.Sequence(steps)
+    return tokenizer
+
+
+def _wordpiece(reader: GGUFReader, tokens: list[str], types: list[int]) -> Tokenizer:
+    """BERT's WordPiece from llama.cpp's phantom-space vocabulary (control tokens as they are)."""
+    pieces = [token if kind == TokenType.CONTROL else (token[1:] if token.startswith(_SPACE) else "##" + token)
+              for token, kind in zip(tokens, types)]
+    vocab: dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        vocab.setdefault(piece, i)
+
+    def special(*keys: str) -> tuple[str, int]:
+        """The first of the keys the file has (converters wrote [CLS] as cls_token_id, then bos_token_id)."""
+        ids = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in keys]
+        token_id = next((i for i in ids if i is not None), None)
+        if token_id is None:
+            raise ValueError(f"GGUF metadata has no tokenizer.ggml.{keys[0]}")
+        return pieces[token_id], token_id
+
+    unk = special("unknown_token_id")
+    cls, sep = special("cls_token_id", "bos_token_id"), special("seperator_token_id", "eos_token_id")
+    lowercase = metadata(reader, "tokenizer.ggml.normalizer.lowercase", True)
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=unk[0], continuing_subword_prefix="##"))
+    # llama.cpp strips accents where it lowercases, unless the file says otherwise
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, lowercase=lowercase,
+        strip_accents=metadata(reader, "tokenizer.ggml.normalizer.strip_accents", lowercase))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls[0]}:0 $A:0 {sep[0]}:0", pair=f"{cls[0]}:0 $A:0 {sep[0]}:0 $B:1 {sep[0]}:1",
+        special_tokens=[cls, sep])
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
     return tokenizer
 
 
