@@ -8,21 +8,29 @@ after the other in the same run.
 
 Each cell embeds `--docs` documents of exactly --doc-tokens random token ids in requests (or
 sentence-transformers forwards, what `encode` runs after tokenizing) of `batch` documents, one at a
-time, after one warm-up call; the figure is documents per second over the whole cell. Both run
-float32 on all cores. Prints a table and writes JSON (--out).
+time, after one warm-up call; the figure is the median over --repeats passes of the whole table
+(every system's cell one after another) of documents per second over the whole cell. The peers:
+sentence-transformers, and llama.cpp's server (`--embedding`, the folder's pooling) on the F32
+GGUF its converter makes of the same weights. All run float32 on all cores, one at a time.
+Also timed: the p50 of one 16-token query a request (tailrace, llama.cpp, and tailrace's bare
+model forward in this process), and tailrace's resident memory (server and engine processes)
+after the largest batch, against the weights' bytes. Prints a table and writes JSON (--out).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -90,13 +98,15 @@ def documents(count: int, tokens: int, vocab: int, seed: int) -> list[list[int]]
     return [[rng.randrange(vocab) for _ in range(tokens)] for _ in range(count)]
 
 
-def bench_sentence_transformers(folder: Path, docs: list[list[int]], batch: int) -> float:
-    """Documents per second of sentence-transformers' forward (what `encode` runs after its
-    tokenizer) on the same token ids."""
+def load_sentence_transformers(folder: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu")
+    return SentenceTransformer(str(folder), device="cpu")
 
+
+def bench_sentence_transformers(model: Any, docs: list[list[int]], batch: int) -> float:
+    """Documents per second of sentence-transformers' forward (what `encode` runs after its
+    tokenizer) on the same token ids."""
     def encode(chunk: list[list[int]]) -> None:
         ids = torch.tensor(chunk)
         with torch.inference_mode():
@@ -108,16 +118,65 @@ def bench_sentence_transformers(folder: Path, docs: list[list[int]], batch: int)
     return len(docs) / (time.perf_counter() - start)
 
 
-def bench_tailrace(url: str, docs: list[list[int]], batch: int) -> float:
+def bench_server(url: str, docs: list[list[int]], batch: int, model: str | None = None) -> float:
+    """Documents per second of an OpenAI-style /v1/embeddings (tailrace's, llama.cpp's) taking
+    token ids, `batch` documents a request."""
     with httpx.Client(timeout=600) as client:
         def embed(chunk: list[list[int]]) -> None:
-            response = client.post(f"{url}/v1/embeddings", json={"input": chunk, "encoding_format": "base64"})
-            response.raise_for_status()
+            body = {"input": chunk, "encoding_format": "float", **({"model": model} if model else {})}
+            client.post(f"{url}/v1/embeddings", json=body).raise_for_status()
         embed(docs[:batch])
         start = time.perf_counter()
         for i in range(0, len(docs), batch):
             embed(docs[i:i + batch])
         return len(docs) / (time.perf_counter() - start)
+
+
+def query_latency(url: str, queries: list[list[int]], model: str | None = None) -> float:
+    """p50 seconds of one short query a request, one after another."""
+    times = []
+    with httpx.Client(timeout=600) as client:
+        for ids in [queries[0], *queries]:  # the first warms up
+            start = time.perf_counter()
+            client.post(f"{url}/v1/embeddings", json={"input": [ids], **({"model": model} if model else {})}
+                        ).raise_for_status()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
+    """p50 seconds of tailrace's model forward alone on one query (loaded and prepared as the server
+    loads it: packed projections on its kernels), without scheduler, engine or HTTP."""
+    from tailrace.model import backends
+    from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
+    from tailrace.model.loading.loader import load_model
+
+    model, _ = load_model(str(folder), dtype="float32")
+    backends.prepare(model, torch.device("cpu"), None)
+    times = []
+    for ids in [queries[0], *queries]:
+        n = len(ids)
+        batch = AttentionBatch([SeqSlice(0, 0, n, n, [])], torch.zeros(n, dtype=torch.long))
+        start = time.perf_counter()
+        model(torch.tensor(ids), torch.arange(n), batch, None, [0]).tolist()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def llamacpp_server(folder: Path, pooling: str, max_batch: int, max_len: int, port: int, log: Path) -> ServerProcess:
+    """llama.cpp's server on the F32 GGUF its converter makes of the folder: embeddings only, the
+    folder's pooling, a slot per document of a batch, every document in one micro-batch."""
+    from tailrace.bench.peers import llamacpp
+    from tailrace.bench.peers.install import PEERS_DIR
+
+    directory = PEERS_DIR / llamacpp.NAME
+    llamacpp.ensure_installed(directory)
+    gguf = llamacpp.ensure_gguf(directory, folder, "float32", None)
+    tokens = max_batch * max_len
+    command = [str(llamacpp.binary(directory, "llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
+               "--port", str(port), "--embedding", "--pooling", pooling, "-np", str(max_batch), "-c", str(tokens),
+               "-b", str(tokens), "-ub", str(tokens), "-t", str(os.cpu_count() or 1)]
+    return ServerProcess("llama.cpp", command, f"http://127.0.0.1:{port}", log)
 
 
 def main() -> int:
@@ -127,36 +186,71 @@ def main() -> int:
     parser.add_argument("--doc-tokens", type=int, default=256)
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--docs", type=int, default=32, help="documents per cell (default: 32)")
+    parser.add_argument("--queries", type=int, default=20, help="16-token queries timed one by one (default: 20)")
+    parser.add_argument("--peers", default="sentence-transformers,llama.cpp")
+    parser.add_argument("--repeats", type=int, default=3, help="times the whole table is run (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     batches = [int(b) for b in args.batches.split(",")]
-    folder = encoder_folder(args.shape) if args.shape in ENCODER_SHAPES else embedding_folder(args.shape)
-    docs = documents(args.docs, args.doc_tokens, tokenizer_size(folder / "tokenizer.json"), args.seed)
-    cells: dict[str, dict[int, float]] = {"tailrace": {}, "sentence-transformers": {}}
-    port = free_port()
-    log = Path(args.out).with_suffix(".tailrace.log") if args.out else Path("/tmp/tailrace-embed.log")
+    peers = [p for p in args.peers.split(",") if p]
+    encoder = args.shape in ENCODER_SHAPES
+    folder = encoder_folder(args.shape) if encoder else embedding_folder(args.shape)
+    vocab = tokenizer_size(folder / "tokenizer.json")
+    docs = documents(args.docs, args.doc_tokens, vocab, args.seed)
+    queries = documents(args.queries, 16, vocab, args.seed + 1)
+    pooling = "cls" if encoder and ENCODER_SHAPES[args.shape]["pooling"] == "pooling_mode_cls_token" else "last"
+    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in ("tailrace", *peers)}
+    latency: dict[str, float] = {}
+    logs = Path(args.out).with_suffix("") if args.out else Path("/tmp/tailrace-embed")
+    max_len = max(512, args.doc_tokens)
+    port, peer_port = free_port(), free_port()
     command = [sys.executable, "-m", "tailrace", "serve", str(folder), "--port", str(port), "--dtype", "float32",
-               "--max-model-len", str(max(512, args.doc_tokens)), "--max-num-seqs", str(max(batches)),
+               "--max-model-len", str(max_len), "--max-num-seqs", str(max(batches)),
                "--max-num-batched-tokens", str(max(batches) * args.doc_tokens), "--disable-log-stats"]
-    with ServerProcess("tailrace", command, f"http://127.0.0.1:{port}", log) as server:
-        wait_ready([server], 900)
-        for batch in batches:
-            cells["tailrace"][batch] = bench_tailrace(server.url, docs, batch)
-    for batch in batches:
-        cells["sentence-transformers"][batch] = bench_sentence_transformers(folder, docs, batch)
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(ServerProcess("tailrace", command, f"http://127.0.0.1:{port}",
+                                                   Path(f"{logs}.tailrace.log")))
+        started = [server]
+        if "llama.cpp" in peers:
+            started.append(stack.enter_context(llamacpp_server(folder, pooling, max(batches), max_len, peer_port,
+                                                               Path(f"{logs}.llamacpp.log"))))
+        wait_ready(started, 900)
+        st_model = load_sentence_transformers(folder) if "sentence-transformers" in peers else None
+        # Every cell's systems one after another, the whole table --repeats times: drift on a shared
+        # machine then falls on all of them alike; each figure is its cell's median.
+        for _ in range(args.repeats):
+            for batch in batches:
+                runs["tailrace"][batch].append(bench_server(server.url, docs, batch))
+                if "llama.cpp" in peers:
+                    runs["llama.cpp"][batch].append(bench_server(started[1].url, docs, batch, model="model"))
+                if st_model is not None:
+                    runs["sentence-transformers"][batch].append(bench_sentence_transformers(st_model, docs, batch))
+        resident = server.memory()[0]
+        latency["tailrace"] = query_latency(server.url, queries)
+        if "llama.cpp" in peers:
+            latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")
+    latency["bare forward"] = bare_forward_latency(folder, queries)
+    cells = {name: {b: statistics.median(values) for b, values in by_batch.items()} for name, by_batch in runs.items()}
+    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     print(f"{args.shape}, {args.doc_tokens}-token documents, float32, {os.cpu_count()} cores: documents/s")
-    print(f"{'batch':>6} {'tailrace':>10} {'sentence-transformers':>22} {'ratio':>7}")
+    print(f"{'batch':>6} {'tailrace':>10} " + " ".join(f"{p:>22} {'ratio':>7}" for p in peers))
     for batch in batches:
-        ours, peer = cells["tailrace"][batch], cells["sentence-transformers"][batch]
-        print(f"{batch:>6} {ours:>10.2f} {peer:>22.2f} {ours / peer:>6.2f}x")
+        ours = cells["tailrace"][batch]
+        print(f"{batch:>6} {ours:>10.2f} " + " ".join(f"{cells[p][batch]:>22.2f} {ours / cells[p][batch]:>6.2f}x"
+                                                     for p in peers))
+    print("p50 of one 16-token query: " + ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in latency.items())
+          + f"; tailrace / bare forward {latency['tailrace'] / latency['bare forward']:.2f}x")
+    print(f"tailrace resident after batch {max(batches)}: {resident / 2**20:.0f} MiB (server and engine processes), "
+          f"weights {weights / 2**20:.0f} MiB: {resident / weights:.2f}x")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor() or
             platform.machine(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv), "shape": args.shape,
-            "doc_tokens": args.doc_tokens, "docs": args.docs, "docs_per_s": cells}, indent=2) + "\n")
+            "doc_tokens": args.doc_tokens, "docs": args.docs, "docs_per_s": cells, "docs_per_s_runs": runs,
+            "query_p50_s": latency, "resident_bytes": resident, "weight_bytes": weights}, indent=2) + "\n")
     return 0
 
 

@@ -145,6 +145,8 @@ class ModelRunner:
         """The KV cache's blocks: from --num-kv-blocks, the GPU's free memory (free_before_load not
         None) or --kv-cache-memory-gb; the same on every rank."""
         mc, dtype = self.model_config, self.model.dtype
+        if not mc.causal:  # an encoder keeps no K/V: its blocks only count its sequences' tokens
+            return config.num_kv_blocks or -(-config.max_num_seqs * self.max_model_len // config.block_size)
         kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
         per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
         kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if free_before_load is not None
@@ -160,7 +162,9 @@ class ModelRunner:
         """self.cache in the layout and with the kernel the backends chose; the scratch block of
         padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
-        cache_args = (mc.num_hidden_layers, self.model.config.num_key_value_heads, mc.head_dim)
+        # an encoder's cache holds no layer: it attends within the step and keeps nothing
+        layers = mc.num_hidden_layers if mc.causal else 0
+        cache_args = (layers, self.model.config.num_key_value_heads, mc.head_dim)
         if self.backends.attention.layout == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
