@@ -133,14 +133,40 @@ def save_encoder_model(directory: Path, family: str = "bert", pooling: str | Non
     return directory
 
 
-def with_dense(folder: Path, directory: Path, out_features: int = 32) -> Path:
-    """`folder`'s model with a Dense module (tanh, with a bias) between its Pooling and Normalize
-    modules, saved by sentence-transformers itself into `directory` (its current module paths)."""
+def with_dense(folder: Path, directory: Path, widths: tuple[int, ...] = (32,), tanh: bool = True,
+               bias: bool = True) -> Path:
+    """`folder`'s model with Dense modules of these output widths (tanh or identity, with or
+    without biases) between its Pooling and Normalize modules, saved by sentence-transformers
+    itself into `directory` (its current module paths)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense
 
     model = SentenceTransformer(str(folder), device="cpu")
     torch.manual_seed(1)
-    dense = Dense(model.get_embedding_dimension(), out_features, activation_function=torch.nn.Tanh())
-    SentenceTransformer(modules=[model[0], model[1], dense, *list(model)[2:]], device="cpu").save(str(directory))
+    dense, width = [], model.get_embedding_dimension()
+    for out in widths:
+        dense.append(Dense(width, out, bias=bias, activation_function=torch.nn.Tanh() if tanh else torch.nn.Identity()))
+        width = out
+    SentenceTransformer(modules=[model[0], model[1], *dense, *list(model)[2:]], device="cpu").save(str(directory))
     return directory
+
+
+def save_embeddinggemma(directory: Path, seed: int = 0) -> Path:
+    """EmbeddingGemma's layout, random and small: a Gemma 3 text model with bidirectional attention
+    (Gemma3TextModel; two sliding layers, whose window bites on the tests' texts, then a full one),
+    mean pooling, two Dense modules without biases (out and back), normalized."""
+    save_byte_level(directory / "base")
+    settings_path = directory / "base" / "tokenizer_config.json"
+    tokenizer_settings = json.loads(settings_path.read_text())
+    tokenizer_settings["eos_token"] = tokenizer_settings["eos_token"]["content"]
+    settings_path.write_text(json.dumps(tokenizer_settings))
+    vocab = Tokenizer.from_file(str(directory / "base" / "tokenizer.json")).get_vocab_size()
+    torch.manual_seed(seed)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_bidirectional_attention=True,
+        initializer_range=0.1)
+    transformers.Gemma3TextModel(config).float().save_pretrained(directory / "base")
+    write_modules(directory / "base", 64, "mean", True, max_seq_length=512)
+    return with_dense(directory / "base", directory / "model", widths=(128, 64), tanh=False, bias=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embedding_models import engine_vectors, save_encoder_model, with_dense
+from embedding_models import engine_vectors, save_embeddinggemma, save_encoder_model, with_dense
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from tailrace.bench.peers import llamacpp
@@ -152,3 +152,17 @@ def test_a_bert_classifiers_gguf_is_refused_by_name(llamacpp_tree, tmp_path):
     gguf = convert(llamacpp_tree, folder, tmp_path / "ce.gguf")
     with pytest.raises(ValueError, match="writes without its pooler"):
         core(gguf)
+
+
+def test_embeddinggemma_attends_both_ways_within_its_windows_as_sentence_transformers(tmp_path):
+    folder = save_embeddinggemma(tmp_path)
+    texts = [*TEXTS, "a longer text, whose tokens reach past the sliding window on either side of most of them"]
+    expected = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    tokenizer = load_tokenizer(str(folder))
+    engine = core(folder)
+    assert not engine.runner.model_config.causal and engine.runner.model_config.layer_windows == [5, 5, None]
+    got = np.stack(engine_vectors(engine, [tokenizer.encode(t) for t in texts], "mean"))
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine
+    assert resolve_task("auto", str(folder))[1] == ("task: embed (modules.json): the mean of the tokens' hidden "
+                                                     "state, through 2 Dense module(s), normalized")

@@ -135,3 +135,17 @@ def test_the_cross_encoders_activation_is_its_configs(tmp_path, config, result):
     else:
         with pytest.raises(ValueError, match=result):
             resolve_task("auto", str(folder))
+
+
+@pytest.mark.parametrize("mode,result", [("lasttoken", "last"), (["cls"], "cls"), ("mean", "mean"),
+                                         ("max", "'max'; one of lasttoken, mean, cls"),
+                                         (["mean", "max"], "one of lasttoken, mean, cls, alone")])
+def test_sentence_transformers_6_names_the_pooling_mode(folder, tmp_path, mode, result):
+    copy = tmp_path / "st6"
+    shutil.copytree(folder, copy)
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 64, "pooling_mode": mode}))
+    if result in ("last", "cls", "mean"):
+        assert read_pooling(str(copy)).method == result
+    else:
+        with pytest.raises(ValueError, match=result):
+            read_pooling(str(copy))

@@ -214,7 +214,7 @@ def _not_fusable(model: LlamaForCausalLM) -> str | None:
     norms at the config's eps, the rotary, activation and routing kernels; else the first part that is not."""
     eps, kinds = model.config.rms_norm_eps, FUSED_PROJECTIONS.get(model.dtype)
     if not model.config.causal:
-        return "an encoder (bidirectional attention, LayerNorms) runs module by module"
+        return "bidirectional attention (an encoder's, or EmbeddingGemma's) runs module by module"
     if kinds is None:
         return f"dtype {model.dtype}"
     embed = model.model.embed_tokens

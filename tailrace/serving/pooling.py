@@ -17,6 +17,7 @@ from tailrace.tokenizer import read_json
 
 # sentence-transformers' Pooling config key -> the engine's method (SamplingParams.pooling)
 _MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+_NAMED_MODES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}  # sentence-transformers 6's pooling_mode
 _ORDER = ("Transformer", "Pooling", "Dense", "Normalize")  # the modules served, in the order they run
 # llama.cpp's pooling_type (a GGUF's {arch}.pooling_type) -> the engine's method
 _GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
@@ -154,10 +155,22 @@ def _class_name(root: Path) -> str:
 
 
 def _pooling_method(config: dict) -> str:
+    """The Pooling module's mode: sentence-transformers 6's `pooling_mode` (a name, or a list of
+    them), or the older `pooling_mode_*` switches (none on is mean, as sentence-transformers reads
+    them)."""
+    if "pooling_mode" in config:
+        modes = config["pooling_mode"]
+        modes = [modes] if isinstance(modes, str) else list(modes)
+        if len(modes) != 1 or modes[0] not in _NAMED_MODES:
+            raise ValueError(f"the Pooling module's pooling_mode is {config['pooling_mode']!r}; one of "
+                             f"{', '.join(_NAMED_MODES)}, alone, can be served")
+        return _NAMED_MODES[modes[0]]
     on = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    if not on:
+        return "mean"
     if len(on) != 1 or on[0] not in _MODES:
-        raise ValueError(f"the Pooling module turns on {', '.join(on) or 'no mode'}; one of {', '.join(_MODES)}, "
-                         "alone, can be served")
+        raise ValueError(f"the Pooling module turns on {', '.join(on)}; one of {', '.join(_MODES)}, alone, can be "
+                         "served")
     return _MODES[on[0]]
 
 

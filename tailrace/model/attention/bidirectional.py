@@ -12,8 +12,9 @@ from tailrace.model.attention.kv_cache import AttentionBatch
 
 
 def attend_whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch,
-                 scale: float) -> torch.Tensor:
-    """q [T, heads, D], k and v [T, kv_heads, D] of the step's rows -> [T, heads, D]."""
+                 scale: float, window: int | None = None) -> torch.Tensor:
+    """q [T, heads, D], k and v [T, kv_heads, D] of the step's rows -> [T, heads, D]; with a
+    `window`, a query sees only the keys less than `window` positions from it, either side."""
     out = q.new_empty(q.shape)
     groups = q.shape[1] // k.shape[1]
     for seq in batch.seqs:
@@ -25,5 +26,9 @@ def attend_whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Atten
         sq, sk, sv = (t[rows].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         if groups > 1:
             sk, sv = sk.repeat_interleave(groups, 1), sv.repeat_interleave(groups, 1)
-        out[rows] = F.scaled_dot_product_attention(sq, sk, sv, scale=scale)[0].transpose(0, 1)
+        mask = None
+        if window is not None and seq.q_len > window:
+            at = torch.arange(seq.q_len, device=q.device)
+            mask = (at[:, None] - at[None, :]).abs() < window
+        out[rows] = F.scaled_dot_product_attention(sq, sk, sv, attn_mask=mask, scale=scale)[0].transpose(0, 1)
     return out

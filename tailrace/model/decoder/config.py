@@ -78,8 +78,9 @@ class ModelConfig:
     router_topk_first: bool = False
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
-    # Encoders (BERT and its kin). Every token attends every token of its sequence, so a prompt
-    # runs whole, in one step, and no K/V is kept.
+    # False: every token attends every token of its sequence (within its layer's window on either
+    # side), so a prompt runs whole, in one step, and no K/V is kept: encoders (BERT and its kin)
+    # and bidirectional decoders (EmbeddingGemma's)
     causal: bool = True
     layer_norm: bool = False  # norms are LayerNorms with a bias (eps: rms_norm_eps), not RMSNorms
     absolute_positions: bool = False  # a learned table of positions (embed_positions), added to the embedding
@@ -123,6 +124,9 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
     experts = _experts(raw, entry, layers)
     window = raw.get("sliding_window")
+    bidirectional = bool(raw.get("use_bidirectional_attention"))  # EmbeddingGemma's decoder
+    if window is not None and bidirectional:
+        window = window // 2 + 1  # a query sees keys less than this far on either side, as transformers sets it
     if window is not None and window >= max_positions:  # it never bites
         window = None
     return ModelConfig(
@@ -150,7 +154,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", activations[act]),
-        **(_family_features(raw, entry) | encoder),
+        **(_family_features(raw, entry) | encoder | ({"causal": False} if bidirectional else {})),
         **experts,
     )
 

@@ -265,7 +265,7 @@ class Attention(Module):
         if self.causal:
             out = cache.attend(self.layer, q, k, v, batch, self.how, self.sinks)
         else:
-            out = attend_whole(q, k, v, batch, self.how.scale)
+            out = attend_whole(q, k, v, batch, self.how.scale, self.how.window)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
 

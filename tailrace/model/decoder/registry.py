@@ -137,6 +137,7 @@ ARCHITECTURES = (
                  gemma_scaling=True, sliding_period=2, gguf_arch="gemma2", gguf_layer_names=_GEMMA_GGUF_LAYER_NAMES,
                  gguf_default_window=4096, gguf_largest_layers=46, gguf_attention_softcap=True),
     Architecture("Gemma3ForCausalLM", ("gemma3_text",), image_text_name="Gemma3ForConditionalGeneration",
+                 base_name="Gemma3TextModel",
                  image_text_defaults=_GEMMA3_TEXT_DEFAULTS, bias_flag_covers_out=True, qk_norm=True,
                  norm_style="sandwich", gemma_scaling=True, sliding_period=6, gguf_arch="gemma3",
                  gguf_layer_names=_GEMMA_GGUF_LAYER_NAMES, gguf_largest_layers=62, gguf_local_rope=True),

@@ -337,7 +337,7 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []
-    encoder = not model.config.causal
+    encoder = registry.architecture(model.config.architecture).encoder
     for name, tensor in _each_expert(tensors):
         name = _encoder_name(name) if encoder else _canonical(name)
         if _ignored(name, model.config):
