@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from safetensors.torch import save_file
 from tokenizer_fixtures import save_byte_level
 from tokenizers import Tokenizer
 
@@ -170,3 +171,48 @@ def save_embeddinggemma(directory: Path, seed: int = 0) -> Path:
     transformers.Gemma3TextModel(config).float().save_pretrained(directory / "base")
     write_modules(directory / "base", 64, "mean", True, max_seq_length=512)
     return with_dense(directory / "base", directory / "model", widths=(128, 64), tanh=False, bias=False)
+
+
+def save_nomic_models(directory: Path, seed: int = 0) -> tuple[Path, Path]:
+    """A random NomicBERT twice, the same weights: as transformers saves NomicBertModel, and as
+    nomic-embed-text ships it for its own code (config keys n_embd, ...; q/k/v fused as Wqkv, the
+    MLP as fc11 / fc12 / fc2; a context of 8192 trained to 2048); each a sentence-transformers
+    folder (mean pooling, normalized) with BERT's tokenizer. Returns (transformers', nomic's)."""
+    ours, hub = directory / "transformers", directory / "nomic"
+    for folder in (ours, hub):
+        _save_encoder_tokenizer(folder, "bert")
+    vocab = Tokenizer.from_file(str(ours / "tokenizer.json")).get_vocab_size()
+    torch.manual_seed(seed)
+    config = transformers.NomicBertConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=2048, type_vocab_size=2, initializer_range=0.2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    model = transformers.NomicBertModel(config).float()
+    model.save_pretrained(ours)
+    state = model.state_dict()
+    renamed = {"embeddings.word_embeddings.weight": state["embeddings.word_embeddings.weight"],
+               "embeddings.token_type_embeddings.weight": state["embeddings.token_type_embeddings.weight"],
+               "emb_ln.weight": state["embeddings.LayerNorm.weight"], "emb_ln.bias": state["embeddings.LayerNorm.bias"]}
+    for i in range(config.num_hidden_layers):
+        at, to = f"layers.{i}.", f"encoder.layers.{i}."
+        renamed[to + "attn.Wqkv.weight"] = torch.cat([state[f"{at}self_attn.{p}_proj.weight"] for p in "qkv"])
+        for old, new in (("self_attn.o_proj", "attn.out_proj"), ("mlp.up_proj", "mlp.fc11"),
+                         ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2")):
+            renamed[f"{to}{new}.weight"] = state[f"{at}{old}.weight"]
+        for old, new in (("post_attention_layernorm", "norm1"), ("post_mlp_layernorm", "norm2")):
+            for kind in ("weight", "bias"):
+                renamed[f"{to}{new}.{kind}"] = state[f"{at}{old}.{kind}"]
+    save_file({k: v.contiguous() for k, v in renamed.items()}, str(hub / "model.safetensors"))
+    (hub / "config.json").write_text(json.dumps({
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "vocab_size": vocab, "n_embd": 64,
+        "n_head": 4, "n_layer": 2, "n_inner": 128, "n_positions": 8192, "max_trained_positions": 2048,
+        "type_vocab_size": 2, "layer_norm_epsilon": 1e-12, "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False, "rotary_emb_scale_base": None, "activation_function": "swiglu",
+        "prenorm": False, "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False, "causal": False,
+        "pad_token_id": 0, "torch_dtype": "float32",
+        # llama.cpp's converter reads the config through transformers, whose NomicBertConfig takes
+        # only these names (nomic-embed-text's own dimensions are its defaults)
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}))
+    for folder in (ours, hub):
+        write_modules(folder, 64, "mean", True, max_seq_length=512)
+    return ours, hub

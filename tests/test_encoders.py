@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embedding_models import engine_vectors, save_embeddinggemma, save_encoder_model, with_dense
+from embedding_models import (engine_vectors, save_embeddinggemma, save_encoder_model, save_nomic_models,
+                              with_dense)
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from tailrace.bench.peers import llamacpp
@@ -166,3 +167,23 @@ def test_embeddinggemma_attends_both_ways_within_its_windows_as_sentence_transfo
     assert cosine.min() >= 0.99999, cosine
     assert resolve_task("auto", str(folder))[1] == ("task: embed (modules.json): the mean of the tokens' hidden "
                                                      "state, through 2 Dense module(s), normalized")
+
+
+def test_nomic_bert_in_both_layouts_and_its_gguf_embeds_as_sentence_transformers(llamacpp_tree, tmp_path):
+    ours, hub = save_nomic_models(tmp_path)
+    texts = [*TEXTS, "search_query: what is the capital of france?"]
+    expected = SentenceTransformer(str(ours), device="cpu").encode(texts, convert_to_numpy=True)
+    tokenizer = load_tokenizer(str(ours))
+    prompts = [tokenizer.encode(t) for t in texts]
+    got = np.stack(engine_vectors(core(ours), prompts, "mean"))
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine
+    hub_engine = core(hub)
+    assert hub_engine.max_model_len == 2048  # max_trained_positions, as llama.cpp's converter serves it
+    from_hub = engine_vectors(hub_engine, prompts, "mean")
+    assert all(np.array_equal(a, b) for a, b in zip(got, from_hub))
+    gguf = convert(llamacpp_tree, hub, tmp_path / "nomic.gguf")
+    assert resolve_task("auto", str(gguf))[0] == Pooling("mean", True)
+    assert [load_tokenizer(str(gguf)).encode(t) for t in texts] == prompts
+    from_gguf = engine_vectors(core(gguf), prompts, "mean")
+    assert all(np.array_equal(a, b) for a, b in zip(got, from_gguf))

@@ -105,13 +105,15 @@ class ModelConfig:
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
+    if entry.rotary_encoder:
+        raw = _nomic_keys(raw)
     name = (raw.get("architectures") or [""])[0]
     headless = registry.is_base_model(name) or registry.is_classifier(name)
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-    activations = _ENCODER_ACTIVATIONS if entry.encoder else _ACTIVATIONS
+    activations = _ENCODER_ACTIVATIONS if entry.encoder and not entry.rotary_encoder else _ACTIVATIONS
     if act not in activations:
         raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(activations))}")
-    encoder = _encoder_features(raw, name) if entry.encoder else {}
+    encoder = _encoder_features(raw, name, entry) if entry.encoder else {}
     if encoder:
         raw = {**raw, "rms_norm_eps": raw.get("layer_norm_eps", 1e-12),
                "max_position_embeddings": raw["max_position_embeddings"] - encoder["position_offset"]}
@@ -144,7 +146,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=max_positions,
         # A base model (Qwen3Model) has no head of its own: it serves pooling, which reads no logits.
         tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling),
-        attention_bias=entry.qkv_bias_always or entry.encoder or raw.get("attention_bias", False),
+        attention_bias=(entry.qkv_bias_always or (entry.encoder and not entry.rotary_encoder)
+                        or raw.get("attention_bias", False)),
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
@@ -191,10 +194,14 @@ def _family_features(raw: dict[str, Any], entry: registry.Architecture) -> dict[
     return features
 
 
-def _encoder_features(raw: dict[str, Any], name: str) -> dict[str, Any]:
+def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architecture) -> dict[str, Any]:
     """BERT's, RoBERTa's and XLM-R's layout, as transformers builds them: positions from a learned
     table (RoBERTa's counted from padding_idx + 1), token types, LayerNorms after each residual
-    add, biases throughout; a classifier class (one label per output) adds its score head."""
+    add, biases throughout; a classifier class (one label per output) adds its score head.
+    NomicBERT's: the same norms and token types, rotary positions, a SwiGLU MLP, no biases."""
+    if entry.rotary_encoder:
+        return {"causal": False, "layer_norm": True, "position_offset": 0, "embedding_norm": True,
+                "type_vocab_size": raw.get("type_vocab_size", 2), "norm_style": "post_residual"}
     kind = raw.get("position_embedding_type", "absolute")
     if kind != "absolute":
         raise ValueError(f"unsupported position_embedding_type {kind!r}; supported: absolute")
@@ -203,6 +210,32 @@ def _encoder_features(raw: dict[str, Any], name: str) -> dict[str, Any]:
     return {"causal": False, "layer_norm": True, "absolute_positions": True, "position_offset": offset,
             "type_vocab_size": raw.get("type_vocab_size", 2), "embedding_norm": True, "mlp_gated": False,
             "mlp_bias": True, "num_labels": labels, "norm_style": "post_residual", "attention_out_bias": True}
+
+
+# nomic-embed-text's config.json (written for its own code) -> transformers' names
+_NOMIC_KEYS = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+               "n_inner": "intermediate_size", "n_positions": "max_position_embeddings",
+               "layer_norm_epsilon": "layer_norm_eps", "rotary_emb_base": "rope_theta"}
+# ... and the values of its switches that transformers' NomicBERT (and tailrace) implement
+_NOMIC_FIXED = {"activation_function": "swiglu", "prenorm": False, "rotary_emb_fraction": 1.0,
+                "rotary_emb_interleaved": False, "rotary_emb_scale_base": None, "qkv_proj_bias": False,
+                "mlp_fc1_bias": False, "mlp_fc2_bias": False, "causal": False}
+
+
+def _nomic_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """A NomicBERT config in transformers' names, from either layout: nomic's own (n_embd, ...;
+    the context its max_trained_positions says, as llama.cpp's converter serves it) or
+    transformers'. A switch outside what the model implements is refused by name."""
+    if "n_embd" not in raw:
+        return raw
+    for key, value in _NOMIC_FIXED.items():
+        if key in raw and raw[key] != value:
+            raise ValueError(f"unsupported NomicBERT {key}={raw[key]!r}; supported: {value!r}")
+    out = {**raw, **{new: raw[old] for old, new in _NOMIC_KEYS.items() if old in raw}, "hidden_act": "silu"}
+    trained = raw.get("max_trained_positions")
+    if trained:
+        out["max_position_embeddings"] = min(out["max_position_embeddings"], trained)
+    return out
 
 
 def _architecture(raw: dict[str, Any]) -> registry.Architecture:
@@ -341,7 +374,7 @@ def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]
 
 def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: list[str],
                 local_theta: float | None) -> list[str | None]:
-    if entry.encoder:  # positions come from the embedding's table
+    if entry.encoder and not entry.rotary_encoder:  # positions come from the embedding's table
         return [None] * len(layer_types)
     if entry.nope_interval:
         interval = raw.get("no_rope_layer_interval", entry.nope_interval)

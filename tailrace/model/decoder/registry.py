@@ -55,6 +55,13 @@ _BERT_GGUF_LAYER_NAMES = {
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "layer_output_norm": "post_feedforward_layernorm",
 }
 
+# NomicBERT's: q/k/v fused, a SwiGLU MLP
+_NOMIC_GGUF_LAYER_NAMES = {
+    "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "attn_output_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.up_proj", "ffn_gate": "mlp.gate_proj", "ffn_down": "mlp.down_proj",
+    "layer_output_norm": "post_feedforward_layernorm",
+}
+
 # Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
 # text_config names only what differs from Gemma3TextConfig's defaults, which these are.
 _GEMMA3_TEXT_DEFAULTS = {
@@ -81,6 +88,8 @@ class Architecture:
     # absolute positions and token types, a plain GELU MLP, biases throughout; it pools or
     # classifies, never generates (config.py's _encoder_features).
     encoder: bool = False
+    # NomicBERT's encoder: rotary positions instead of a table, a SwiGLU MLP, no biases
+    rotary_encoder: bool = False
 
     # ModelConfig's features
     qkv_bias_always: bool = False  # q/k/v have biases that no config flag names (Qwen2)
@@ -157,6 +166,8 @@ ARCHITECTURES = (
     Architecture("XLMRobertaModel", ("xlm-roberta",), classifier_name="XLMRobertaForSequenceClassification",
                  encoder=True),
     Architecture("RobertaModel", ("roberta",), classifier_name="RobertaForSequenceClassification", encoder=True),
+    Architecture("NomicBertModel", ("nomic_bert",), encoder=True, rotary_encoder=True, gguf_arch="nomic-bert",
+                 gguf_layer_names=_NOMIC_GGUF_LAYER_NAMES),
     Architecture("Olmo2ForCausalLM", ("olmo2",), bias_flag_covers_out=True, qk_norm=True, qk_norm_over_heads=True,
                  norm_style="post", gguf_arch="olmo2", gguf_layer_names=_OLMO2_GGUF_LAYER_NAMES),
 )

@@ -190,7 +190,7 @@ def _architecture_config(entry: registry.Architecture, value: Any, tensors: dict
     multipliers, gpt-oss's biases and windows, Phi-3's partial rotary, Gemma's windows and scales."""
     config: dict[str, Any] = {}
     if entry.encoder:
-        config |= _encoder_config(value, tensors)
+        config |= _encoder_config(entry, value, tensors)
     if entry.nope_interval:
         config["no_rope_layer_interval"] = entry.nope_interval
     if entry.multipliers:  # as llama.cpp's converter names them
@@ -213,13 +213,15 @@ def _architecture_config(entry: registry.Architecture, value: Any, tensors: dict
     return config
 
 
-def _encoder_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
-    """BERT's, as llama.cpp's converter writes it: positions from 0 (a RoBERTa or XLM-R table is
-    written without its padding rows), token types where the file has their table."""
+def _encoder_config(entry: registry.Architecture, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
+    """BERT's and NomicBERT's, as llama.cpp's converter writes them: positions from 0 (a RoBERTa
+    or XLM-R table is written without its padding rows), token types where the file has their
+    table; NomicBERT's SwiGLU and rotary base."""
     if value("classifier.output_labels", None) is not None:
         raise ValueError("this GGUF is a BERT classifier, which llama.cpp's converter writes without its pooler "
                          "(dense and tanh before the classifier): serve the checkpoint's folder instead")
-    return {"model_type": "bert", "hidden_act": "gelu", "layer_norm_eps": value("attention.layer_norm_epsilon"),
+    return {"model_type": entry.model_types[0], "hidden_act": "silu" if entry.rotary_encoder else "gelu",
+            "layer_norm_eps": value("attention.layer_norm_epsilon"),
             "position_embedding_type": "absolute",
             "type_vocab_size": int(tensors["token_types.weight"].shape[1]) if "token_types.weight" in tensors else 0}
 

@@ -410,13 +410,15 @@ def _canonical(name: str) -> str:
     return name
 
 
-# BERT's, RoBERTa's and XLM-R's checkpoint names (after a classifier's bert. or roberta.) -> the model's
+# BERT's, RoBERTa's, XLM-R's and NomicBERT's checkpoint names (after a classifier's bert. or
+# roberta.) -> the model's; NomicBERT's both as nomic's own code and as transformers names them
 _ENCODER_PREFIXES = ("bert.", "roberta.")
 _ENCODER_PARTS = {
     "embeddings.word_embeddings.": "model.embed_tokens.",
     "embeddings.position_embeddings.": "model.embed_positions.",
     "embeddings.token_type_embeddings.": "model.embed_types.",
     "embeddings.LayerNorm.": "model.embed_norm.",
+    "emb_ln.": "model.embed_norm.",
     # a classifier's head: BERT's pooler and classifier, RoBERTa's classification head
     "pooler.dense.": "score.dense.",
     "classifier.dense.": "score.dense.",
@@ -432,8 +434,16 @@ _ENCODER_LAYER_PARTS = {
     "intermediate.dense.": "mlp.up_proj.",
     "output.dense.": "mlp.down_proj.",
     "output.LayerNorm.": "post_feedforward_layernorm.",
+    "attn.Wqkv.": "self_attn.qkv_proj.",
+    "attn.out_proj.": "self_attn.o_proj.",
+    "mlp.fc11.": "mlp.up_proj.",
+    "mlp.fc12.": "mlp.gate_proj.",
+    "mlp.fc2.": "mlp.down_proj.",
+    "norm1.": "post_attention_layernorm.",
+    "norm2.": "post_feedforward_layernorm.",
+    "post_mlp_layernorm.": "post_feedforward_layernorm.",
 }
-_ENCODER_LAYERS = re.compile(r"encoder\.layer\.(\d+)\.")
+_ENCODER_LAYERS = re.compile(r"(?:encoder\.)?layers?\.(\d+)\.")
 
 
 def _encoder_name(name: str) -> str:
