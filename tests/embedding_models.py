@@ -216,3 +216,18 @@ def save_nomic_models(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     for folder in (ours, hub):
         write_modules(folder, 64, "mean", True, max_seq_length=512)
     return ours, hub
+
+
+def save_modernbert(directory: Path, seed: int = 0) -> Path:
+    """A random ModernBERT (global and sliding layers, a window that bites on the tests' texts,
+    no norm biases) as a sentence-transformers folder: mean pooling, normalized, BERT's tokenizer."""
+    _save_encoder_tokenizer(directory, "bert")
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    torch.manual_seed(seed)
+    config = transformers.ModernBertConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        max_position_embeddings=512, local_attention=8, global_attn_every_n_layers=3, initializer_range=0.2,
+        pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
+    transformers.ModernBertModel(config).float().save_pretrained(directory)
+    write_modules(directory, 64, "mean", True, max_seq_length=512)
+    return directory

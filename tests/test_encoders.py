@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embedding_models import (engine_vectors, save_embeddinggemma, save_encoder_model, save_nomic_models,
-                              with_dense)
+from embedding_models import (engine_vectors, save_embeddinggemma, save_encoder_model, save_modernbert,
+                              save_nomic_models, with_dense)
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from tailrace.bench.peers import llamacpp
@@ -187,3 +187,16 @@ def test_nomic_bert_in_both_layouts_and_its_gguf_embeds_as_sentence_transformers
     assert [load_tokenizer(str(gguf)).encode(t) for t in texts] == prompts
     from_gguf = engine_vectors(core(gguf), prompts, "mean")
     assert all(np.array_equal(a, b) for a, b in zip(got, from_gguf))
+
+
+def test_modernbert_embeds_as_sentence_transformers(tmp_path):
+    folder = save_modernbert(tmp_path / "modernbert")
+    texts = [*TEXTS, "a longer text, whose tokens reach past the local window on either side of most of them"]
+    expected = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    tokenizer = load_tokenizer(str(folder))
+    engine = core(folder)
+    config = engine.runner.model_config
+    assert config.layer_windows == [None, 5, 5, None] and config.layer_rope == ["global", "local", "local", "global"]
+    got = np.stack(engine_vectors(engine, [tokenizer.encode(t) for t in texts], "mean"))
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine

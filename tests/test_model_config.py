@@ -252,3 +252,16 @@ def test_a_classifiers_labels_and_unsupported_positions():
     assert parse_model_config(raw).num_labels == 1
     with pytest.raises(ValueError, match="unsupported position_embedding_type 'relative_key'"):
         parse_model_config({**raw, "position_embedding_type": "relative_key"})
+
+
+def test_modernberts_released_config_names_its_layers_windows_and_rotary_bases():
+    config = parse_model_config({
+        "architectures": ["ModernBertModel"], "model_type": "modernbert", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4, "hidden_activation": "gelu",
+        "max_position_embeddings": 8192, "norm_eps": 1e-5, "norm_bias": False, "local_attention": 128,
+        "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0})
+    assert config.layer_windows == [None, 65, 65, None, 65, 65]  # keys at most 64 positions away, either side
+    assert config.layer_rope == ["global", "local", "local", "global", "local", "local"]
+    assert (config.rope_theta, config.local_rope_theta) == (160000.0, 10000.0)
+    assert not config.causal and config.layer_norm and not config.norm_bias and config.norm_style == "pre"
+    assert config.hidden_act == "gelu" and config.mlp_gated and not config.first_layer_input_norm

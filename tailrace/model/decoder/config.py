@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = registry.SUPPORTED_NAMES
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # a gated MLP's
 # an encoder's plain MLP: GELU by erf, or by tanh
 _ENCODER_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_MODERNBERT_ACTIVATIONS = {**_ACTIVATIONS, "gelu": "gelu"}  # its gated MLP's: GELU by erf (GeGLU)
 
 SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
 # Not a config.json's: each frequency divided by its stored factor, for a GGUF's rope_freqs that
@@ -82,7 +83,9 @@ class ModelConfig:
     # side), so a prompt runs whole, in one step, and no K/V is kept: encoders (BERT and its kin)
     # and bidirectional decoders (EmbeddingGemma's)
     causal: bool = True
-    layer_norm: bool = False  # norms are LayerNorms with a bias (eps: rms_norm_eps), not RMSNorms
+    layer_norm: bool = False  # norms are LayerNorms (eps: rms_norm_eps), not RMSNorms
+    norm_bias: bool = True  # a LayerNorm's shift (ModernBERT's have none)
+    first_layer_input_norm: bool = True  # False: the first layer's attention reads h unnormed (ModernBERT)
     absolute_positions: bool = False  # a learned table of positions (embed_positions), added to the embedding
     position_offset: int = 0  # the table's row of position 0 (RoBERTa's and XLM-R's padding_idx + 1)
     type_vocab_size: int = 0  # rows of the token-type table (embed_types: a pair's second text is type 1); 0: none
@@ -105,17 +108,19 @@ class ModelConfig:
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
-    if entry.rotary_encoder:
+    if entry.encoder == "nomic":
         raw = _nomic_keys(raw)
+    elif entry.encoder == "modernbert":
+        raw = _modernbert_keys(raw)
     name = (raw.get("architectures") or [""])[0]
     headless = registry.is_base_model(name) or registry.is_classifier(name)
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-    activations = _ENCODER_ACTIVATIONS if entry.encoder and not entry.rotary_encoder else _ACTIVATIONS
+    activations = {"bert": _ENCODER_ACTIVATIONS, "modernbert": _MODERNBERT_ACTIVATIONS}.get(entry.encoder, _ACTIVATIONS)
     if act not in activations:
         raise ValueError(f"unsupported activation {act!r}; supported: {', '.join(sorted(activations))}")
     encoder = _encoder_features(raw, name, entry) if entry.encoder else {}
     if encoder:
-        raw = {**raw, "rms_norm_eps": raw.get("layer_norm_eps", 1e-12),
+        raw = {**raw, "rms_norm_eps": raw.get("layer_norm_eps", raw.get("norm_eps", 1e-12)),
                "max_position_embeddings": raw["max_position_embeddings"] - encoder["position_offset"]}
     elif raw.get("mlp_bias", False):
         raise ValueError("unsupported mlp_bias=true")
@@ -146,8 +151,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=max_positions,
         # A base model (Qwen3Model) has no head of its own: it serves pooling, which reads no logits.
         tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling),
-        attention_bias=(entry.qkv_bias_always or (entry.encoder and not entry.rotary_encoder)
-                        or raw.get("attention_bias", False)),
+        attention_bias=entry.qkv_bias_always or entry.encoder == "bert" or raw.get("attention_bias", False),
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
         bos_token_id=raw.get("bos_token_id"),
@@ -198,10 +202,17 @@ def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architectu
     """BERT's, RoBERTa's and XLM-R's layout, as transformers builds them: positions from a learned
     table (RoBERTa's counted from padding_idx + 1), token types, LayerNorms after each residual
     add, biases throughout; a classifier class (one label per output) adds its score head.
-    NomicBERT's: the same norms and token types, rotary positions, a SwiGLU MLP, no biases."""
-    if entry.rotary_encoder:
+    NomicBERT's: the same norms and token types, rotary positions, a SwiGLU MLP, no biases.
+    ModernBERT's: pre-norm LayerNorms (biased where norm_bias says), the first layer's attention
+    unnormed, a GeGLU MLP, biases where the config says, rotary positions."""
+    if entry.encoder == "nomic":
         return {"causal": False, "layer_norm": True, "position_offset": 0, "embedding_norm": True,
                 "type_vocab_size": raw.get("type_vocab_size", 2), "norm_style": "post_residual"}
+    if entry.encoder == "modernbert":
+        bias = raw.get("attention_bias", False)
+        return {"causal": False, "layer_norm": True, "norm_bias": raw.get("norm_bias", False), "position_offset": 0,
+                "embedding_norm": True, "type_vocab_size": 0, "mlp_bias": raw.get("mlp_bias", False),
+                "attention_out_bias": bias, "first_layer_input_norm": False}
     kind = raw.get("position_embedding_type", "absolute")
     if kind != "absolute":
         raise ValueError(f"unsupported position_embedding_type {kind!r}; supported: absolute")
@@ -235,6 +246,22 @@ def _nomic_keys(raw: dict[str, Any]) -> dict[str, Any]:
     trained = raw.get("max_trained_positions")
     if trained:
         out["max_position_embeddings"] = min(out["max_position_embeddings"], trained)
+    return out
+
+
+def _modernbert_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """ModernBERT's config as the one decoder reads it: every global_attn_every_n_layers-th layer
+    global from the first, the rest sliding; a sliding layer's query sees keys at most
+    local_attention // 2 positions away on either side (the window here: strictly less than
+    local_attention // 2 + 1); the global and local rotary bases, from transformers 5's
+    rope_parameters or the older global_rope_theta and local_rope_theta."""
+    layers, every = raw["num_hidden_layers"], raw.get("global_attn_every_n_layers", 3)
+    out = {**raw, "sliding_window": raw.get("local_attention", 128) // 2 + 1,
+           "layer_types": raw.get("layer_types") or ["sliding_attention" if i % every else "full_attention"
+                                                     for i in range(layers)]}
+    if "rope_parameters" not in raw:
+        out |= {"rope_theta": raw.get("global_rope_theta", 160000.0),
+                "rope_local_base_freq": raw.get("local_rope_theta", 10000.0)}
     return out
 
 
@@ -374,7 +401,7 @@ def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]
 
 def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: list[str],
                 local_theta: float | None) -> list[str | None]:
-    if entry.encoder and not entry.rotary_encoder:  # positions come from the embedding's table
+    if entry.encoder == "bert":  # positions come from the embedding's table
         return [None] * len(layer_types)
     if entry.nope_interval:
         interval = raw.get("no_rope_layer_interval", entry.nope_interval)

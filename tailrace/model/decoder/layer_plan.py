@@ -47,14 +47,17 @@ _BLOCK_NORMS = {
 }
 
 
-def layer_steps(config: ModelConfig) -> tuple[Step, ...]:
-    """A layer's steps: for the attention block and then the feed-forward block, its input read
-    (normed or not), the block, its output's norm where the style norms outputs, its output times
-    the residual multiplier where there is one (Granite), its output added to h, and h normed
-    where the style norms the residual (BERT)."""
+def layer_steps(config: ModelConfig, layer: int = 1) -> tuple[Step, ...]:
+    """Layer `layer`'s steps: for the attention block and then the feed-forward block, its input
+    read (normed or not: ModernBERT's first attention reads h as it is), the block, its output's
+    norm where the style norms outputs, its output times the residual multiplier where there is
+    one (Granite), its output added to h, and h normed where the style norms the residual (BERT)."""
     steps: list[Step] = []
+    unnormed_first = not config.first_layer_input_norm and layer == 0
     blocks = zip(("attention", "feed_forward"), _BLOCK_NORMS[config.norm_style], _RESIDUAL_NORMS)
     for block, (input_norm, output_norm), residual_norm in blocks:
+        if unnormed_first and block == "attention":
+            input_norm = None
         steps += [Step("read", input_norm), Step(block)]
         if output_norm is not None:
             steps.append(Step("norm_output", output_norm))
@@ -112,9 +115,10 @@ class ForwardPlan:
 
 
 def forward_plan(config: ModelConfig) -> ForwardPlan:
-    steps, experts = layer_steps(config), config.experts_per_token
-    layers = tuple(LayerPlan(steps, window or 0, rope, moe)
-                   for window, rope, moe in zip(config.layer_windows, config.layer_rope, config.layer_moe))
+    experts = config.experts_per_token
+    layers = tuple(LayerPlan(layer_steps(config, i), window or 0, rope, moe)
+                   for i, (window, rope, moe) in enumerate(zip(config.layer_windows, config.layer_rope,
+                                                               config.layer_moe)))
     return ForwardPlan(
         hidden=config.hidden_size, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim, intermediate=config.intermediate_size, vocab=config.vocab_size,
@@ -161,4 +165,5 @@ OUTSIDE_PLAN = {
     "mlp_gated": "an encoder's: not in the one-call forward",
     "mlp_bias": "an encoder's: not in the one-call forward",
     "num_labels": "the score head, after the forward",
+    "norm_bias": "an encoder's: not in the one-call forward",
 }

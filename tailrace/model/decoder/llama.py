@@ -79,10 +79,10 @@ class RMSNorm(Module):
 class LayerNorm(Module):
     """An encoder's norm: mean and variance over the width, then scale and bias (nn.LayerNorm's arithmetic)."""
 
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, bias: bool = True) -> None:
         super().__init__()
         self.weight = _empty(dim, dtype=dtype)
-        self.bias = _empty(dim, dtype=dtype)
+        self.bias = _empty(dim, dtype=dtype) if bias else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,9 @@ class LayerNorm(Module):
 
 
 def make_norm(config: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm | LayerNorm:
-    return (LayerNorm if config.layer_norm else RMSNorm)(dim, config.rms_norm_eps, dtype)
+    if config.layer_norm:
+        return LayerNorm(dim, config.rms_norm_eps, dtype, config.norm_bias)
+    return RMSNorm(dim, config.rms_norm_eps, dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch.Tensor:
@@ -286,7 +288,12 @@ def swiglu_oai_and_mul(gate_up: torch.Tensor, alpha: float, limit: float) -> tor
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
-ACT_AND_MUL = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+def gelu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate) * up
+
+
+ACT_AND_MUL = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul, "gelu": gelu_and_mul}
 # An ungated MLP's activation (an encoder's)
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
@@ -392,7 +399,7 @@ class DecoderLayer(Module):
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.steps = layer_steps(config)
+        self.steps = layer_steps(config, layer)
         for name in norms_of(self.steps):
             setattr(self, name, make_norm(config, config.hidden_size, dtype))
         self.self_attn = Attention(config, layer, dtype)

@@ -84,12 +84,13 @@ class Architecture:
     base_name: str = ""
     # Its sequence classifier's class (a score head on one token's hidden state: cross-encoders)
     classifier_name: str = ""
-    # An encoder (BERT and its kin): bidirectional attention, post-residual LayerNorms, learned
-    # absolute positions and token types, a plain GELU MLP, biases throughout; it pools or
-    # classifies, never generates (config.py's _encoder_features).
-    encoder: bool = False
-    # NomicBERT's encoder: rotary positions instead of a table, a SwiGLU MLP, no biases
-    rotary_encoder: bool = False
+    # An encoder's family (config.py's _encoder_features), "" for a decoder. Each attends both
+    # ways and pools or classifies, never generates. "bert": post-residual LayerNorms, learned
+    # absolute positions and token types, a plain GELU MLP, biases throughout; "nomic": BERT's
+    # norms and token types with rotary positions, a SwiGLU MLP, no biases; "modernbert":
+    # pre-norm LayerNorms without biases (the first layer's attention reads its input unnormed),
+    # a GeGLU MLP, global and sliding layers with their own rotary bases.
+    encoder: str = ""
 
     # ModelConfig's features
     qkv_bias_always: bool = False  # q/k/v have biases that no config flag names (Qwen2)
@@ -161,13 +162,14 @@ ARCHITECTURES = (
                  gguf_attention_bias=True, gguf_yarn_truncate=False),
     Architecture("GraniteForCausalLM", ("granite",), bias_flag_covers_out=True, multipliers=True, gguf_arch="granite",
                  gguf_permuted=True),
-    Architecture("BertModel", ("bert",), classifier_name="BertForSequenceClassification", encoder=True,
+    Architecture("BertModel", ("bert",), classifier_name="BertForSequenceClassification", encoder="bert",
                  gguf_arch="bert", gguf_layer_names=_BERT_GGUF_LAYER_NAMES),
     Architecture("XLMRobertaModel", ("xlm-roberta",), classifier_name="XLMRobertaForSequenceClassification",
-                 encoder=True),
-    Architecture("RobertaModel", ("roberta",), classifier_name="RobertaForSequenceClassification", encoder=True),
-    Architecture("NomicBertModel", ("nomic_bert",), encoder=True, rotary_encoder=True, gguf_arch="nomic-bert",
+                 encoder="bert"),
+    Architecture("RobertaModel", ("roberta",), classifier_name="RobertaForSequenceClassification", encoder="bert"),
+    Architecture("NomicBertModel", ("nomic_bert",), encoder="nomic", gguf_arch="nomic-bert",
                  gguf_layer_names=_NOMIC_GGUF_LAYER_NAMES),
+    Architecture("ModernBertModel", ("modernbert",), encoder="modernbert"),
     Architecture("Olmo2ForCausalLM", ("olmo2",), bias_flag_covers_out=True, qk_norm=True, qk_norm_over_heads=True,
                  norm_style="post", gguf_arch="olmo2", gguf_layer_names=_OLMO2_GGUF_LAYER_NAMES),
 )

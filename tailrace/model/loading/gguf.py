@@ -220,7 +220,7 @@ def _encoder_config(entry: registry.Architecture, value: Any, tensors: dict[str,
     if value("classifier.output_labels", None) is not None:
         raise ValueError("this GGUF is a BERT classifier, which llama.cpp's converter writes without its pooler "
                          "(dense and tanh before the classifier): serve the checkpoint's folder instead")
-    return {"model_type": entry.model_types[0], "hidden_act": "silu" if entry.rotary_encoder else "gelu",
+    return {"model_type": entry.model_types[0], "hidden_act": "silu" if entry.encoder == "nomic" else "gelu",
             "layer_norm_eps": value("attention.layer_norm_epsilon"),
             "position_embedding_type": "absolute",
             "type_vocab_size": int(tensors["token_types.weight"].shape[1]) if "token_types.weight" in tensors else 0}

@@ -232,7 +232,7 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | N
             param.copy_(torch.randn(param.shape, generator=generator, device=device) * _DUMMY_STD)
         if isinstance(module, (RMSNorm, LayerNorm)):
             module.weight.fill_(1.0)
-        if isinstance(module, LayerNorm):
+        if isinstance(module, LayerNorm) and module.bias is not None:
             module.bias.zero_()
         elif quantization is not None and type(module) is Linear:
             parent, name = parent_of[id(module)]
@@ -410,8 +410,8 @@ def _canonical(name: str) -> str:
     return name
 
 
-# BERT's, RoBERTa's, XLM-R's and NomicBERT's checkpoint names (after a classifier's bert. or
-# roberta.) -> the model's; NomicBERT's both as nomic's own code and as transformers names them
+# BERT's, RoBERTa's, XLM-R's, NomicBERT's and ModernBERT's checkpoint names (after a classifier's
+# bert. or roberta.) -> the model's; NomicBERT's both as nomic's own code and as transformers names them
 _ENCODER_PREFIXES = ("bert.", "roberta.")
 _ENCODER_PARTS = {
     "embeddings.word_embeddings.": "model.embed_tokens.",
@@ -419,6 +419,9 @@ _ENCODER_PARTS = {
     "embeddings.token_type_embeddings.": "model.embed_types.",
     "embeddings.LayerNorm.": "model.embed_norm.",
     "emb_ln.": "model.embed_norm.",
+    "embeddings.tok_embeddings.": "model.embed_tokens.",
+    "embeddings.norm.": "model.embed_norm.",
+    "final_norm.": "model.norm.",
     # a classifier's head: BERT's pooler and classifier, RoBERTa's classification head
     "pooler.dense.": "score.dense.",
     "classifier.dense.": "score.dense.",
@@ -442,6 +445,11 @@ _ENCODER_LAYER_PARTS = {
     "norm1.": "post_attention_layernorm.",
     "norm2.": "post_feedforward_layernorm.",
     "post_mlp_layernorm.": "post_feedforward_layernorm.",
+    "attn_norm.": "input_layernorm.",
+    "attn.Wo.": "self_attn.o_proj.",
+    "mlp_norm.": "post_attention_layernorm.",  # the MLP's input norm, by Llama's name for it
+    "mlp.Wi.": "mlp.gate_up_proj.",
+    "mlp.Wo.": "mlp.down_proj.",
 }
 _ENCODER_LAYERS = re.compile(r"(?:encoder\.)?layers?\.(\d+)\.")
 
