@@ -1,6 +1,7 @@
 """/v1/embeddings, /v1/score and /v1/rerank through the real server and the clients (openai,
-LangChain's OpenAIEmbeddings, Cohere's v1 and v2 rerank), on a sentence-transformers folder the
-test writes (a random Qwen3 base model, last-token pooling, normalized), served with no flags:
+LangChain's OpenAIEmbeddings, LlamaIndex's OpenAILikeEmbedding, Cohere's v1 and v2 rerank), on a
+sentence-transformers folder the test writes (a random Qwen3 base model, last-token pooling,
+normalized), served with no flags:
 - each vector is sentence-transformers' `encode` of the same text (cosine >= 0.99999, float32);
 - a text's vector is the same, bit for bit, alone and in a batch of 64 inputs of other lengths;
 - base64 is the float vector's bytes; token-id inputs are the text's ids;
@@ -152,6 +153,19 @@ def test_langchain_openai_embeddings_are_the_servers(client, embed_url):
                                                               encoding_format="float").data]
     assert np.allclose(embedder.embed_documents(TEXTS[:3]), expected, atol=1e-7)
     assert np.allclose(embedder.embed_query(TEXTS[0]), expected[0], atol=1e-7)
+
+
+def test_llamaindex_openai_like_embeddings_are_the_servers(client, embed_url):
+    from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+
+    embedder = OpenAILikeEmbedding(model_name="embedder", api_base=f"{embed_url}/v1", api_key="unused",
+                                   embed_batch_size=2, max_retries=0)
+    # LlamaIndex sends each text with its newlines as spaces, as OpenAI once advised
+    sent = [text.replace("\n", " ") for text in TEXTS[:3]]
+    expected = [d.embedding for d in client.embeddings.create(model="embedder", input=sent,
+                                                              encoding_format="float").data]
+    assert np.allclose(embedder.get_text_embedding_batch(TEXTS[:3]), expected, atol=1e-7)  # two requests
+    assert np.allclose(embedder.get_query_embedding(TEXTS[0]), expected[0], atol=1e-7)
 
 
 def cosine(a: list[float], b: list[float]) -> float:
