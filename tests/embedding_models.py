@@ -183,8 +183,8 @@ def save_nomic_models(directory: Path, seed: int = 0) -> tuple[Path, Path]:
         _save_encoder_tokenizer(folder, "bert")
     vocab = Tokenizer.from_file(str(ours / "tokenizer.json")).get_vocab_size()
     torch.manual_seed(seed)
-    config = transformers.NomicBertConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    config = transformers.NomicBertConfig(  # head_dim 32: the CPU kernels' rotary runs it
+        vocab_size=vocab, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=2048, type_vocab_size=2, initializer_range=0.2,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
     model = transformers.NomicBertModel(config).float()
@@ -204,7 +204,7 @@ def save_nomic_models(directory: Path, seed: int = 0) -> tuple[Path, Path]:
                 renamed[f"{to}{new}.{kind}"] = state[f"{at}{old}.{kind}"]
     save_file({k: v.contiguous() for k, v in renamed.items()}, str(hub / "model.safetensors"))
     (hub / "config.json").write_text(json.dumps({
-        "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "vocab_size": vocab, "n_embd": 64,
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert", "vocab_size": vocab, "n_embd": 128,
         "n_head": 4, "n_layer": 2, "n_inner": 128, "n_positions": 8192, "max_trained_positions": 2048,
         "type_vocab_size": 2, "layer_norm_epsilon": 1e-12, "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
         "rotary_emb_interleaved": False, "rotary_emb_scale_base": None, "activation_function": "swiglu",
@@ -212,9 +212,9 @@ def save_nomic_models(directory: Path, seed: int = 0) -> tuple[Path, Path]:
         "pad_token_id": 0, "torch_dtype": "float32",
         # llama.cpp's converter reads the config through transformers, whose NomicBertConfig takes
         # only these names (nomic-embed-text's own dimensions are its defaults)
-        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}))
+        "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}))
     for folder in (ours, hub):
-        write_modules(folder, 64, "mean", True, max_seq_length=512)
+        write_modules(folder, 128, "mean", True, max_seq_length=512)
     return ours, hub
 
 
@@ -224,10 +224,10 @@ def save_modernbert(directory: Path, seed: int = 0) -> Path:
     _save_encoder_tokenizer(directory, "bert")
     vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
     torch.manual_seed(seed)
-    config = transformers.ModernBertConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+    config = transformers.ModernBertConfig(  # head_dim 32: the CPU kernels' rotary runs it
+        vocab_size=vocab, hidden_size=128, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         max_position_embeddings=512, local_attention=8, global_attn_every_n_layers=3, initializer_range=0.2,
         pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
     transformers.ModernBertModel(config).float().save_pretrained(directory)
-    write_modules(directory, 64, "mean", True, max_seq_length=512)
+    write_modules(directory, 128, "mean", True, max_seq_length=512)
     return directory

@@ -2,9 +2,8 @@
 
 Running sequences get their next tokens first (a decode is one token, an unfinished prefill
 a chunk); waiting sequences are admitted with what is left (chunked prefill; an encoder's prompts
-only whole). When KV blocks
-run out, the newest running sequence is preempted: its blocks are freed and it is computed
-again later (its prefix may still be cached then).
+only whole). When KV blocks run out, the newest running sequence is preempted: its blocks are
+freed and it is computed again later (its prefix may still be cached then).
 """
 
 from __future__ import annotations
