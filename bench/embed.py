@@ -146,7 +146,8 @@ def query_latency(url: str, queries: list[list[int]], model: str | None = None) 
 
 def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
     """p50 seconds of tailrace's model forward alone on one query (loaded and prepared as the server
-    loads it: packed projections on its kernels), without scheduler, engine or HTTP."""
+    loads it: packed projections on its kernels), without scheduler, engine or HTTP: an encoder's,
+    which keeps no K/V."""
     from tailrace.model import backends
     from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
     from tailrace.model.loading.loader import load_model
@@ -234,7 +235,8 @@ def main() -> int:
         latency["tailrace"] = query_latency(server.url, queries)
         if "llama.cpp" in peers:
             latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")
-    latency["bare forward"] = bare_forward_latency(folder, queries)
+    if encoder:  # a decoder's forward needs the engine's KV cache, so only an encoder's is timed bare
+        latency["bare forward"] = bare_forward_latency(folder, queries)
     cells = {name: {b: statistics.median(values) for b, values in by_batch.items()} for name, by_batch in runs.items()}
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     print(f"{args.shape}, {args.doc_tokens}-token documents, float32, {os.cpu_count()} cores: documents/s")
@@ -243,8 +245,9 @@ def main() -> int:
         ours = cells["tailrace"][batch]
         print(f"{batch:>6} {ours:>10.2f} " + " ".join(f"{cells[p][batch]:>22.2f} {ours / cells[p][batch]:>6.2f}x"
                                                      for p in peers))
+    bare = latency.get("bare forward")
     print("p50 of one 16-token query: " + ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in latency.items())
-          + f"; tailrace / bare forward {latency['tailrace'] / latency['bare forward']:.2f}x")
+          + (f"; tailrace / bare forward {latency['tailrace'] / bare:.2f}x" if bare else ""))
     print(f"tailrace resident after batch {max(batches)}: {resident / 2**20:.0f} MiB (server and engine processes), "
           f"weights {weights / 2**20:.0f} MiB: {resident / weights:.2f}x")
     if args.out:
