@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailrace.model.decoder import registry
+from tailrace.model.decoder.config import num_labels
 from tailrace.model.loading import gguf
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.st_modules import StModule, st_modules
@@ -139,7 +140,7 @@ def read_cross_encoder(model_path: str) -> Pooling:
     """A sequence classifier's scoring: one label, through the activation its config.json names
     for sentence-transformers (sigmoid where it names none); ValueError for any other."""
     config = read_json(Path(model_path) / "config.json")
-    labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+    labels = num_labels(config)
     if labels != 1:
         raise ValueError(f"the classifier has {labels} labels; a cross-encoder that scores pairs has one")
     path = ((config.get("sentence_transformers") or {}).get("activation_fn")

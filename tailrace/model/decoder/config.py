@@ -217,7 +217,7 @@ def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architectu
     if kind != "absolute":
         raise ValueError(f"unsupported position_embedding_type {kind!r}; supported: absolute")
     offset = raw["pad_token_id"] + 1 if raw.get("model_type") in ("roberta", "xlm-roberta") else 0
-    labels = (len(raw.get("id2label") or {}) or raw.get("num_labels", 2)) if registry.is_classifier(name) else 0
+    labels = num_labels(raw) if registry.is_classifier(name) else 0
     return {"causal": False, "layer_norm": True, "absolute_positions": True, "position_offset": offset,
             "type_vocab_size": raw.get("type_vocab_size", 2), "embedding_norm": True, "mlp_gated": False,
             "mlp_bias": True, "num_labels": labels, "norm_style": "post_residual", "attention_out_bias": True}
@@ -410,6 +410,11 @@ def _layer_rope(raw: dict[str, Any], entry: registry.Architecture, layer_types: 
     if local_theta is not None:
         return ["local" if kind == "sliding_attention" else "global" for kind in layer_types]
     return ["global"] * len(layer_types)
+
+
+def num_labels(raw: dict[str, Any]) -> int:
+    """A classifier's outputs, as transformers counts them: its id2label's, else num_labels (2)."""
+    return len(raw.get("id2label") or {}) or raw.get("num_labels", 2)
 
 
 def as_id_list(value: int | list[int] | None) -> list[int]:
