@@ -62,7 +62,8 @@ class SamplingParams:
     structured: StructuredSpec | None = None  # None: unconstrained
     thinking: ThinkTokens | None = None  # None: the whole output is the answer
     # "last", "mean" or "cls": the prompt's final hidden states pooled into one vector, nothing
-    # generated; "score": a classifier's outputs on its first token (a cross-encoder's)
+    # generated; "score": a classifier's outputs on its first token (a cross-encoder's); "logits":
+    # the last token's LogitScore (a causal reranker's)
     pooling: str | None = None
     # A pair's prompt (a cross-encoder's): the position where its second text begins, token type 1
     # from there on, as BERT's pair encoding marks it; None: one text, all type 0
@@ -101,8 +102,8 @@ class SamplingParams:
                f"max_tokens must be at least 0, got {self.max_tokens}")
         _check(self.pooling is None or (self.max_tokens == 0 and self.n == 1), "pooling",
                "a pooling request generates nothing: max_tokens 0 and n 1")
-        _check(self.pooling in (None, "last", "mean", "cls", "score"), "pooling",
-               f"pooling must be last, mean, cls or score, got {self.pooling!r}")
+        _check(self.pooling in (None, "last", "mean", "cls", "score", "logits"), "pooling",
+               f"pooling must be last, mean, cls, score or logits, got {self.pooling!r}")
         _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be at least 0, got {self.min_tokens}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")

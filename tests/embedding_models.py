@@ -231,3 +231,45 @@ def save_modernbert(directory: Path, seed: int = 0) -> Path:
     transformers.ModernBertModel(config).float().save_pretrained(directory)
     write_modules(directory, 128, "mean", True, max_seq_length=512)
     return directory
+
+
+# Qwen3-Reranker's template: the pair under the system's instruction, then the assistant's turn
+# with empty thinking, after which the model's next token is "yes" or "no"
+RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: "
+    "{{ messages | selectattr('role', 'eq', 'system') | map(attribute='content') | first "
+    "| default('Given a web search query, retrieve relevant passages that answer the query') }}\n"
+    "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def save_causal_reranker(directory: Path, prompt: str | None = None, false_token: bool = True, seed: int = 0) -> Path:
+    """A random Qwen3 language model as Qwen3-Reranker ships for sentence-transformers 6, saved by
+    sentence-transformers itself: a text-generation Transformer, then a LogitScore module on the
+    "yes" and (where asked) "no" tokens, the template above; `prompt` the default instruction."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    base = directory / "base"
+    save_byte_level(base, chat_template=RERANKER_TEMPLATE)
+    settings_path = base / "tokenizer_config.json"
+    tokenizer_settings = json.loads(settings_path.read_text())
+    tokenizer_settings["eos_token"] = tokenizer_settings["eos_token"]["content"]
+    settings_path.write_text(json.dumps(tokenizer_settings))
+    tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        initializer_range=0.1, tie_word_embeddings=True))
+    model.float().save_pretrained(base)
+    yes, no = tokenizer.encode("yes").ids[0], tokenizer.encode("no").ids[0]
+    prompts = {"web": prompt} if prompt else None
+    reranker = CrossEncoder(modules=[Transformer(str(base), transformer_task="text-generation"),
+                                     LogitScore(yes, no if false_token else None)],
+                            prompts=prompts, default_prompt_name="web" if prompt else None)
+    reranker.save(str(directory / "model"))
+    return directory / "model"

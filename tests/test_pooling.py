@@ -137,6 +137,42 @@ def test_the_cross_encoders_activation_is_its_configs(tmp_path, config, result):
             resolve_task("auto", str(folder))
 
 
+def test_sentence_transformers_6_keeps_the_activation_in_its_own_config(tmp_path):
+    folder = write_config(tmp_path / "ce", architectures=["BertForSequenceClassification"],
+                          id2label={"0": "LABEL_0"},
+                          sentence_transformers={"activation_fn": "torch.nn.modules.activation.Sigmoid"})
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"activation_fn": "torch.nn.modules.linear.Identity"}))
+    assert resolve_task("auto", str(folder))[0].score_activation == "identity"
+
+
+def write_logit_scorer(folder: Path, modules: list[str], task: str = "text-generation", **settings: object) -> Path:
+    folder = write_config(folder, architectures=["Qwen3ForCausalLM"])
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": "" if kind == "Transformer" else f"{i}_{kind}",
+         "type": f"sentence_transformers.base.modules.{kind}"} for i, kind in enumerate(modules)]))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"transformer_task": task, **settings}))
+    return folder
+
+
+def test_a_language_model_with_a_logit_score_module_scores_with_its_template_settings(tmp_path):
+    folder = write_logit_scorer(tmp_path / "rr", ["Transformer", "LogitScore"], processing_kwargs={
+        "chat_template": {"add_generation_prompt": True, "restore_suffix": True, "enable_thinking": False}})
+    pooling, line = resolve_task("score", str(folder))
+    assert (pooling.method, pooling.score_activation) == ("logits", "sigmoid")
+    assert pooling.template_settings == {"add_generation_prompt": True, "enable_thinking": False}
+    assert line.startswith("task: score (Qwen3ForCausalLM with LogitScore): each pair as its chat template renders")
+
+
+@pytest.mark.parametrize("modules,task,words", [
+    (["Transformer", "Pooling", "LogitScore"], "text-generation", "a Transformer, then a LogitScore module"),
+    (["Transformer", "LogitScore"], "feature-extraction", "not 'text-generation'"),
+])
+def test_a_logit_score_layout_that_cannot_be_served_is_named(tmp_path, modules, task, words):
+    with pytest.raises(ValueError, match=words):
+        resolve_task("auto", str(write_logit_scorer(tmp_path / "rr", modules, task)))
+
+
 @pytest.mark.parametrize("mode,result", [("lasttoken", "last"), (["cls"], "cls"), ("mean", "mean"),
                                          ("max", "'max'; one of lasttoken, mean, cls"),
                                          (["mean", "max"], "one of lasttoken, mean, cls, alone")])

@@ -116,6 +116,8 @@ class EngineCore:
             raise ValueError("this model is an encoder: it embeds or scores, and cannot generate")
         if params.pooling == "score" and not self.runner.model_config.num_labels:
             raise ValueError("this model has no classifier to score with")
+        if params.pooling == "logits" and self.runner.model.logit_score is None:
+            raise ValueError("this model has no LogitScore module to score with")
         room = self.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         needed = -(-(prompt_len + max_tokens) // self.config.block_size)

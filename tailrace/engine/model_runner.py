@@ -350,7 +350,7 @@ def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
 
 def _pooled_rows(method: str, computed: int, q_start: int, q_len: int, last_chunk: bool) -> list[int]:
     """The rows of a pooling sequence's chunk whose hidden states its vector is made of: every
-    row for "mean", the prompt's first for "cls" and "score", its last for "last"."""
+    row for "mean", the prompt's first for "cls" and "score", its last for "last" and "logits"."""
     if method == "mean":
         return list(range(q_start, q_start + q_len))
     if method in ("cls", "score"):

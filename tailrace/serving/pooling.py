@@ -2,7 +2,10 @@
 way sentence-transformers reads it: modules.json lists a Transformer, then a Pooling module (whose
 config.json names the mode), Dense modules (which the engine runs after pooling:
 model/loading/st_modules.py) and optionally a Normalize module. A model without modules.json
-served with --task embed pools its last token and normalizes, as vLLM does for decoder models."""
+served with --task embed pools its last token and normalizes, as vLLM does for decoder models.
+A cross-encoder scores pairs: a sequence classifier on its first token, or a causal language
+model whose Transformer module is followed by a LogitScore module (Qwen3-Reranker), on the last
+token's logits of a "yes" and a "no" token over its chat template's rendering of the pair."""
 
 from __future__ import annotations
 
@@ -33,13 +36,19 @@ class Pooling:
     # input as sentence-transformers' encode(prompt_name=...) puts them; the default applies unasked
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt: str | None = None
-    # A cross-encoder's (method "score"): a pair's score is its classifier's output through this,
-    # "sigmoid" or "identity", as sentence-transformers' CrossEncoder applies it; None: an
-    # embedding model, whose scores are cosines
+    # A cross-encoder's (method "score" or "logits"): a pair's score is its classifier's output
+    # through this, "sigmoid" or "identity", as sentence-transformers' CrossEncoder applies it;
+    # None: an embedding model, whose scores are cosines
     score_activation: str | None = None
     dense: int = 0  # sentence-transformers Dense modules after pooling (run in the engine)
+    # method "logits": the keyword arguments its Transformer module gives the chat template
+    # (sentence_bert_config.json's processing_kwargs.chat_template, add_generation_prompt among them)
+    template_settings: dict = field(default_factory=dict)
 
     def describe(self) -> str:
+        if self.method == "logits":
+            return (f"each pair as its chat template renders it, the last token's logit score, through "
+                    f"{self.score_activation}")
         if self.score_activation is not None:
             return f"each pair's classifier output on its first token, through {self.score_activation}"
         return ({"last": "the last token's", "mean": "the mean of the tokens'", "cls": "the first token's"}[self.method]
@@ -65,6 +74,12 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
                              "or auto")
         return encoder, f"task: embed (a GGUF encoder): {encoder.describe()}"
     name = _class_name(root)
+    if any(m.kind == "LogitScore" for m in st_modules(root)):
+        if option in ("generate", "embed"):
+            raise ValueError(f"this folder is a reranker (a LogitScore module): it scores pairs (/v1/score, "
+                             f"/v1/rerank) and cannot {option}; serve it with --task score or auto")
+        pooling = read_logit_scorer(model_path)
+        return pooling, f"task: score ({name} with LogitScore): {pooling.describe()}"
     if registry.is_classifier(name):
         if option in ("generate", "embed"):
             raise ValueError(f"{name} is a cross-encoder: it scores pairs (/v1/score, /v1/rerank) and cannot "
@@ -143,12 +158,40 @@ def read_cross_encoder(model_path: str) -> Pooling:
     labels = num_labels(config)
     if labels != 1:
         raise ValueError(f"the classifier has {labels} labels; a cross-encoder that scores pairs has one")
-    path = ((config.get("sentence_transformers") or {}).get("activation_fn")
+    return Pooling("score", False, score_activation=_score_activation(Path(model_path)))
+
+
+def read_logit_scorer(model_path: str) -> Pooling:
+    """A causal reranker's scoring (modules.json: a text-generation Transformer, then LogitScore):
+    the pair rendered by the chat template with sentence-transformers' message roles, its prompts
+    (the default one as a system message), and the activation; ValueError for any other layout."""
+    root = Path(model_path)
+    kinds = [m.kind for m in st_modules(root)]
+    if kinds != ["Transformer", "LogitScore"]:
+        raise ValueError(f"{root / 'modules.json'}: the modules run in the order {', '.join(kinds)}; a reranker "
+                         "served on its logits has a Transformer, then a LogitScore module")
+    settings = read_json(root / "sentence_bert_config.json")
+    if settings.get("transformer_task") != "text-generation":
+        raise ValueError(f"{root / 'sentence_bert_config.json'}: a LogitScore module reads a language model's "
+                         f"logits; transformer_task is {settings.get('transformer_task')!r}, not 'text-generation'")
+    prompts, default_prompt = _prompts(root)
+    template = dict((settings.get("processing_kwargs") or {}).get("chat_template") or {})
+    template.pop("restore_suffix", None)  # truncation always restores the template's tail (serving/pair_prompts.py)
+    return Pooling("logits", False, prompts=prompts, default_prompt=default_prompt,
+                   score_activation=_score_activation(root), template_settings=template)
+
+
+def _score_activation(root: Path) -> str:
+    """A cross-encoder's activation as sentence-transformers resolves it: its own config's
+    (config_sentence_transformers.json), else the model config's, else sigmoid (one label)."""
+    config = read_json(root / "config.json")
+    path = (read_json(root / "config_sentence_transformers.json").get("activation_fn")
+            or (config.get("sentence_transformers") or {}).get("activation_fn")
             or config.get("sbert_ce_default_activation_function"))
     if path is not None and path not in _ACTIVATIONS:
         raise ValueError(f"the cross-encoder's activation {path!r} cannot be served; supported: "
                          f"{', '.join(_ACTIVATIONS)}")
-    return Pooling("score", False, score_activation=_ACTIVATIONS.get(path, "sigmoid"))
+    return _ACTIVATIONS.get(path, "sigmoid")
 
 
 def _class_name(root: Path) -> str:

@@ -1,6 +1,7 @@
 """POST /v1/score (vLLM's shape) and POST /v1/rerank (Cohere's and Jina's, which vLLM and llama.cpp
-also serve). With a cross-encoder, each pair is one prompt, joined as its tokenizer joins a pair,
-and its score the classifier's output through the model's activation, as sentence-transformers'
+also serve). With a cross-encoder, each pair is one prompt, joined as its tokenizer joins a pair
+(or, for a causal reranker, rendered by its chat template: serving/pair_prompts.py), and its score
+the classifier's output through the model's activation, as sentence-transformers'
 CrossEncoder.predict gives it. With an embedding model, each pair's score is the cosine
 similarity of the two texts' pooled vectors, as vLLM scores with one, every text embedded once.
 Either way all of a request's prompts go to the engine as one request."""
@@ -17,6 +18,7 @@ from tailrace.serving.choices import envelope
 from tailrace.serving.context import RequestContext
 from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, tokens_kept, unit_length
 from tailrace.serving.errors import invalid_request
+from tailrace.serving.pair_prompts import pair_prompt
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.protocol import _OpenAIModel, prompt_list
 
@@ -83,7 +85,13 @@ async def _scores(engine: EngineClient, firsts: tuple[list[str], str], seconds: 
     keep = tokens_kept(truncate, limit)
     token_lists, starts = [], []
     for i, pair in enumerate(zip(lefts, rights)):
-        ids, start = engine.tokenizer.encode_pair(*pair, max_length=keep)
+        if pooling.method == "logits":
+            try:
+                ids, start = pair_prompt(engine.tokenizer, pooling, *pair, max_length=keep), None
+            except ValueError as exc:  # the model's chat template cannot render the pair
+                raise invalid_request(f"{seconds[1]}[{i}] with its {firsts[1]}: {exc}", param=seconds[1]) from exc
+        else:
+            ids, start = engine.tokenizer.encode_pair(*pair, max_length=keep)
         if len(ids) > limit:
             raise invalid_request(f"{seconds[1]}[{i}] with its {firsts[1]} has {len(ids)} tokens, over the model's "
                                   f"limit of {limit} tokens; shorten it, or set truncate_prompt_tokens.",

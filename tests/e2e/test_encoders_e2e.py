@@ -1,7 +1,8 @@
 """Encoders through the real server and the clients, on folders the test writes, served with no
 flags: a BERT sentence-transformers folder (CLS pooling, normalized) answers /v1/embeddings as
-SentenceTransformer.encode; a BERT cross-encoder answers /v1/rerank (Cohere's SDK too) and
-/v1/score as CrossEncoder.predict, and refuses embeddings and generation with 400s that say why."""
+SentenceTransformer.encode; a BERT cross-encoder and a causal reranker (Qwen3-Reranker's layout)
+answer /v1/rerank (Cohere's SDK too) and /v1/score as CrossEncoder.predict, and refuse embeddings
+and generation with 400s that say why."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from embedding_models import save_encoder_model
+from embedding_models import save_causal_reranker, save_encoder_model
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from e2e.conftest import serving
@@ -90,3 +91,26 @@ def test_a_cross_encoder_makes_no_embeddings_and_generates_nothing(reranker_url)
     cut = httpx.post(f"{reranker_url}/v1/rerank", timeout=60,
                      json={"query": QUERY, "documents": ["hello " * 200], "truncate_prompt_tokens": -1})
     assert cut.status_code == 200 and cut.json()["usage"]["total_tokens"] == 128
+
+
+@pytest.fixture(scope="module")
+def causal_reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    folder = save_causal_reranker(tmp_path_factory.mktemp("causal"), prompt="Find the sentence about cities")
+    for url in serving([str(folder), "--served-model-name", "qwen3-reranker"],
+                       tmp_path_factory.mktemp("causal") / "server.log"):
+        yield folder, url
+
+
+def test_a_causal_reranker_ranks_and_scores_as_cross_encoder_predict(causal_reranker):
+    folder, url = causal_reranker
+    expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+    best = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
+    answer = httpx.post(f"{url}/v1/rerank", timeout=60, json={"query": QUERY, "documents": DOCUMENTS}).json()
+    assert [r["index"] for r in answer["results"]] == best
+    assert np.allclose([r["relevance_score"] for r in answer["results"]], expected[best], atol=1e-4)
+    score = httpx.post(f"{url}/v1/score", timeout=60, json={"text_1": QUERY, "text_2": DOCUMENTS[:2]}).json()
+    assert np.allclose([d["score"] for d in score["data"]], expected[:2], atol=1e-4)
+    embeddings = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=60)
+    assert embeddings.status_code == 400 and "cross-encoder" in embeddings.json()["error"]["message"]
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400

@@ -523,6 +523,8 @@ class LlamaForCausalLM(nn.Module):
         self.score = ScoreHead(config, dtype) if config.num_labels else None
         # An embedding model's Dense modules after pooling (loader.load_model reads them), in order
         self.dense = nn.ModuleList()
+        # A causal reranker's LogitScore tokens (true, false or None): pooling "logits" scores with them
+        self.logit_score: tuple[int, int | None] | None = None
 
     @property
     def embedding_size(self) -> int:
@@ -533,9 +535,14 @@ class LlamaForCausalLM(nn.Module):
     def pooled_vector(self, states: torch.Tensor, method: str) -> torch.Tensor:
         """A pooling sequence's final hidden states [rows, hidden] (float32) -> its vector (float32):
         their mean ("mean") or its one row, through the Dense modules; "score": the classifier's
-        outputs on the first row."""
+        outputs on the first row; "logits": the last row's logit of the LogitScore true token, less
+        that of its false token."""
         if method == "score":
             return self.score(states[:1].to(self.dtype))[0].float()
+        if method == "logits":
+            true, false = self.logit_score
+            logits = self.compute_logits(states[-1:].to(self.dtype))[0]
+            return (logits[true] - (0.0 if false is None else logits[false]))[None]
         vector = states.mean(0) if method == "mean" else states[0]
         for layer in self.dense:
             vector = layer(vector[None].to(self.dtype))[0].float()

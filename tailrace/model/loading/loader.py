@@ -23,7 +23,7 @@ from tailrace.model.loading import gguf
 from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes
-from tailrace.model.loading.st_modules import dense_layers
+from tailrace.model.loading.st_modules import dense_layers, logit_score_tokens
 from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
 
@@ -89,6 +89,7 @@ def load_model(
             _load_safetensors_shard(model, config, path, shard)
     if os.path.isdir(path):
         model.dense.extend(_pooled_dense(path, torch_dtype, device))
+        model.logit_score = logit_score_tokens(path)
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:

@@ -1,7 +1,8 @@
 """A sentence-transformers folder's modules (modules.json) as sentence-transformers lists them:
 each module's kind (the class name, under the module paths of every release:
 `sentence_transformers.models.Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`)
-and its folder; and its Dense modules' layers, which run in the engine after pooling."""
+and its folder; its Dense modules' layers, which run in the engine after pooling; and a
+LogitScore module's tokens, whose logits a causal reranker's score is made of."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"  # the Dense module's o
 
 @dataclass(frozen=True, slots=True)
 class StModule:
-    kind: str  # "Transformer", "Pooling", "Dense", "Normalize", or a foreign module's full type
+    kind: str  # "Transformer", "Pooling", "Dense", "Normalize", "LogitScore", or a foreign module's full type
     path: Path  # its folder
 
 
@@ -65,3 +66,17 @@ def dense_layers(model_path: str) -> list[DenseLayer]:
         weights = load_file(str(weights_path))
         layers.append(DenseLayer(weights["linear.weight"], weights.get("linear.bias"), DENSE_ACTIVATIONS[activation]))
     return layers
+
+
+def logit_score_tokens(model_path: str) -> tuple[int, int | None] | None:
+    """A LogitScore module's (true token, false token or None): the score is the last token's
+    logit of the first less that of the second; None where the folder has no such module."""
+    module = next((m for m in st_modules(Path(model_path)) if m.kind == "LogitScore"), None)
+    if module is None:
+        return None
+    config = json.loads((module.path / "config.json").read_text(encoding="utf-8"))
+    if config.get("module_input_name", "causal_logits") != "causal_logits":
+        raise ValueError(f"{module.path}: a LogitScore module reading {config['module_input_name']!r} cannot be "
+                         "served; it reads the language model's logits (causal_logits)")
+    return int(config["true_token_id"]), (None if config.get("false_token_id") is None
+                                          else int(config["false_token_id"]))
