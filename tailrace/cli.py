@@ -256,6 +256,8 @@ def checked_engine_config(args: argparse.Namespace) -> EngineConfig:
     config = engine_config_from(args)
     config.validate()
     limits_from(args).validate()
+    # known before the core starts: a server that only pools keeps no K/V (ModelRunner.keeps_kv)
+    config.pooling_only = resolve_task(args.task, config.model_path)[0] is not None
     return config
 
 
@@ -325,9 +327,11 @@ async def serve(args: argparse.Namespace) -> int:
 
     def log_ready() -> None:
         info = engine.info
-        log.info("model %s (%s) from %s, %s, dtype %s, KV cache %d tokens (%d blocks of %d), context %d",
-                 name, _model_source(args.model, config.model_path), config.model_path, info.device, info.dtype,
-                 info.num_blocks * info.block_size, info.num_blocks, info.block_size, info.max_model_len)
+        kv = (f"KV cache {info.num_blocks * info.block_size} tokens ({info.num_blocks} blocks of {info.block_size})"
+              if info.keeps_kv else "no K/V kept (each prompt runs whole)")
+        log.info("model %s (%s) from %s, %s, dtype %s, %s, context %d", name,
+                 _model_source(args.model, config.model_path), config.model_path, info.device, info.dtype, kv,
+                 info.max_model_len)
         log.info("serving the OpenAI API at http://%s:%d/v1", args.host, args.port)
 
     # No log config of uvicorn's own: its records reach the root handler, in tailrace's format.

@@ -94,8 +94,10 @@ def test_a_prompt_runs_whole_never_chunked(embedder):
     tokenizer = load_tokenizer(str(folder))
     prompts = [ids for ids in (tokenizer.encode(t) for t in TEXTS) if len(ids) <= 16]
     assert len(prompts) >= 3 and sum(map(len, prompts)) > 16
-    small = core(folder, max_num_batched_tokens=16, max_num_seqs=8)
-    assert small.max_model_len == 16  # the longest prompt one step holds
+    # a step holds the whole context however small the budget asked
+    assert core(folder, max_num_batched_tokens=16).scheduler.max_num_batched_tokens == 128
+    small = core(folder, max_num_batched_tokens=16, max_num_seqs=8, max_model_len=16)
+    assert small.scheduler.max_num_batched_tokens == 16
     schedule, seen = small.scheduler.schedule, []
 
     def recording():

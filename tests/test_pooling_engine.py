@@ -62,3 +62,32 @@ def test_pooling_under_tensor_parallelism_is_refused_by_name(model_dir):
             tp.add_request(EngineRequest("r", [1, 2, 3], SamplingParams(max_tokens=0, pooling="last")))
     finally:
         tp.shutdown()
+
+
+@pytest.fixture(scope="module")
+def windowed_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(save_embedding_model(tmp_path_factory.mktemp("windowed"), use_sliding_window=True, sliding_window=5,
+                                    max_window_layers=2, layer_types=["sliding_attention", "full_attention"]))
+
+
+@pytest.mark.parametrize("method", ["last", "mean"])
+@pytest.mark.parametrize("windowed", [False, True], ids=["full", "sliding"])
+def test_a_pooling_only_engine_keeps_no_kv_and_pools_as_transformers(model_dir, windowed_dir, method, windowed):
+    folder = windowed_dir if windowed else model_dir
+    engine = core(folder, pooling_only=True, max_num_batched_tokens=16)
+    assert not engine.runner.keeps_kv and engine.runner.cache.num_layers == 0
+    assert engine.scheduler.max_num_batched_tokens == engine.max_model_len == 512  # a step holds the context
+    for prompt, vector in zip(PROMPTS, pooled(engine, PROMPTS, method)):
+        torch.testing.assert_close(vector, reference(folder, prompt, method), atol=1e-5, rtol=1e-5)
+
+
+def test_a_pooling_only_engine_gives_a_prompt_the_same_bits_in_any_batch(model_dir):
+    alone = pooled(core(model_dir, pooling_only=True), [PROMPTS[0]], "last")[0]
+    others = [[(7 * i + j) % 300 + 1 for j in range(1 + i % 37)] for i in range(63)]
+    together = pooled(core(model_dir, pooling_only=True), [*others[:20], PROMPTS[0], *others[20:]], "last")
+    assert torch.equal(together[20], alone)
+
+
+def test_a_pooling_only_engine_refuses_to_generate(model_dir):
+    with pytest.raises(ValueError, match="only pools"):
+        core(model_dir, pooling_only=True).add_request(EngineRequest("g", [2, 5, 3], SamplingParams(max_tokens=4)))

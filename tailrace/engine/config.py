@@ -40,6 +40,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks the model is split over (engine/tensor_parallel/group.py), one process each
     seed: int = 0
     in_process: bool = False  # run the core on a thread of this process (tests, debugging)
+    # The server embeds or scores and never generates: a causal model then keeps no K/V either,
+    # each prompt running whole (ModelRunner.keeps_kv)
+    pooling_only: bool = False
     # The local directory or GGUF file of `model`, resolved once; it travels with the config to the
     # core process, so a hub id is looked up (or downloaded) only in the process that started.
     _local_path: str | None = field(default=None, init=False, repr=False)

@@ -82,16 +82,13 @@ class EngineCore:
                 tp.kill()
             raise
         self.max_model_len = self.runner.max_model_len
-        encoder = not self.runner.model_config.causal
-        if encoder and self.max_model_len > config.max_num_batched_tokens:
-            # an encoder's prompt runs whole, in one step's tokens
-            log.info("an encoder's prompt runs in one step: the context served is max_num_batched_tokens, %d",
-                     config.max_num_batched_tokens)
-            self.max_model_len = config.max_num_batched_tokens
+        whole = not self.runner.keeps_kv
+        if whole and self.runner.step_tokens > config.max_num_batched_tokens:
+            log.info("each prompt runs whole in one step, keeping no K/V: a step holds up to %d tokens, the context",
+                     self.runner.step_tokens)
         self.eos_token_ids = self.runner.model_config.eos_token_ids  # config.json + generation_config.json
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   whole_prompts=encoder)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, self.runner.step_tokens, whole_prompts=whole)
         self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
         self._next_seq_id = 0
@@ -114,6 +111,8 @@ class EngineCore:
             raise ValueError("pooling runs on one rank: serve the embedding model without tensor parallelism")
         if params.pooling is None and not self.runner.model_config.causal:
             raise ValueError("this model is an encoder: it embeds or scores, and cannot generate")
+        if params.pooling is None and not self.runner.keeps_kv:
+            raise ValueError("this engine only pools (embeds or scores): it keeps no K/V to generate with")
         if params.pooling == "score" and not self.runner.model_config.num_labels:
             raise ValueError("this model has no classifier to score with")
         if params.pooling == "logits" and self.runner.model.logit_score is None:

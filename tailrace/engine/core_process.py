@@ -47,6 +47,7 @@ class ReadyMsg(msgspec.Struct, tag="ready"):
     stats: EngineStats
     backends: dict[str, str]  # what runs the model, and why not the rest (model/backends.py)
     hidden_size: int  # the length of a pooled vector
+    keeps_kv: bool  # False: each prompt runs whole and its blocks only count tokens (ModelRunner.keeps_kv)
 
 
 class OutputsMsg(msgspec.Struct, tag="out"):
@@ -94,7 +95,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     model = core.runner.model
     conn.send_bytes(encoder.encode(ReadyMsg(core.max_model_len, core.runner.num_blocks, config.block_size,
                                             mc.vocab_size, dtype, core.runner.device.type, core.stats(),
-                                            core.runner.backends.record(model), model.embedding_size)))
+                                            core.runner.backends.record(model), model.embedding_size,
+                                            core.runner.keeps_kv)))
     try:
         _loop(core, conn)
     except (EOFError, OSError, BrokenPipeError):

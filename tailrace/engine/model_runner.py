@@ -82,16 +82,26 @@ class ModelRunner:
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
         quantization = self._load(config, tp)
-        self.backends = backends.prepare(self.model, self.device, quantization, attention=config.attention)
         mc = self.model_config
+        # Whether the cache keeps K/V. An encoder's never does, nor a causal model's on a server that
+        # only pools: there each prompt runs whole, attends within its step (SDPA, which takes no
+        # soft cap or sinks) and is done, so no K/V memory is held and a step's prompts are not
+        # bounded by a KV budget.
+        self.keeps_kv = mc.causal and not (config.pooling_only and mc.attention_softcap is None
+                                           and not mc.attention_sinks)
+        self.backends = backends.prepare(self.model, self.device, quantization, attention=config.attention,
+                                         keeps_kv=self.keeps_kv)
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        # A prompt that keeps no K/V runs whole, so a step holds at least the longest prompt served
+        self.step_tokens = (config.max_num_batched_tokens if self.keeps_kv
+                            else max(config.max_num_batched_tokens, self.max_model_len))
         self.block_size = config.block_size
         self.num_blocks = self._count_kv_blocks(config, tp, free_before_load if sized_by_gpu else None)
         scratch_block = self._allocate_kv_cache(config)
         self.backends.check_strict(config.strict_backends)
         if tp is None or tp.rank == 0:
             log.info("%s", self.backends.line(self.model))
-        self.inputs = StepInputBuilder(max(config.max_num_batched_tokens, config.max_num_seqs), config.block_size,
+        self.inputs = StepInputBuilder(max(self.step_tokens, config.max_num_seqs), config.block_size,
                                        scratch_block, self.device)
         self.graphs = None
         # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
@@ -145,7 +155,7 @@ class ModelRunner:
         """The KV cache's blocks: from --num-kv-blocks, the GPU's free memory (free_before_load not
         None) or --kv-cache-memory-gb; the same on every rank."""
         mc, dtype = self.model_config, self.model.dtype
-        if not mc.causal:  # an encoder keeps no K/V: its blocks only count its sequences' tokens
+        if not self.keeps_kv:  # its blocks only count the sequences' tokens
             return config.num_kv_blocks or -(-config.max_num_seqs * self.max_model_len // config.block_size)
         kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
         per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
@@ -162,8 +172,7 @@ class ModelRunner:
         """self.cache in the layout and with the kernel the backends chose; the scratch block of
         padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
-        # an encoder's cache holds no layer: it attends within the step and keeps nothing
-        layers = mc.num_hidden_layers if mc.causal else 0
+        layers = mc.num_hidden_layers if self.keeps_kv else 0  # a cache keeping no K/V holds no layer
         cache_args = (layers, self.model.config.num_key_value_heads, mc.head_dim)
         if self.backends.attention.layout == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -79,9 +80,9 @@ class Backends:
 
 
 def select(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
-           huge_pages: bool = True, attention: str = "auto") -> Backends:
+           huge_pages: bool = True, attention: str = "auto", keeps_kv: bool = True) -> Backends:
     """What `cpu_ops.apply` and the runner carry out on this loaded model; `attention` as asked
-    (--attention: auto, paged or slab)."""
+    (--attention: auto, paged or slab), where the cache `keeps_kv`."""
     build = cpu_kernels.build() if device.type == "cpu" else None
     isa = build.isa if build is not None and build.module is not None else "none"
     not_taken: dict[str, str] = {}
@@ -99,6 +100,8 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
     if why:
         not_taken["elementwise kernels"] = why
     chosen = choose_attention(attention, str(device), model.dtype, model.config.head_dim, is_plain(model))
+    if not keeps_kv:  # the layout only counts blocks; PyTorch's SDPA attends within the step
+        chosen = dataclasses.replace(chosen, kernel="pytorch", kept=False, not_taken=None)
     if chosen.not_taken is not None:
         not_taken[f"attention on {'Triton' if device.type == 'cuda' else 'tailrace'}'s kernel"] = chosen.not_taken
     return Backends(device=str(device), dtype=str(model.dtype).removeprefix("torch."), isa=isa, pack_linears=pack,
@@ -112,8 +115,11 @@ class Attention:
     kernel: str  # what attends: "tailrace", "triton" or "pytorch"
     plain: bool  # every layer attends every position at head_dim ** -0.5 (what CUDA graphs capture)
     not_taken: str | None = None  # why not the device's own kernel
+    kept: bool = True  # False: no K/V is kept, each prompt attends whole within its step
 
     def __str__(self) -> str:
+        if not self.kept:
+            return f"within each prompt, no K/V kept ({KERNEL_NAMES[self.kernel]} SDPA)"
         return f"{self.layout} ({KERNEL_NAMES[self.kernel]})"
 
 
@@ -152,18 +158,19 @@ def choose_attention(asked: str, device: str, dtype: torch.dtype, head_dim: int,
 
 
 def prepare(model: LlamaForCausalLM, device: torch.device, quantization: str | None,
-            huge_pages: bool = True, *, attention: str = "auto") -> Backends:
+            huge_pages: bool = True, *, attention: str = "auto", keeps_kv: bool = True) -> Backends:
     """Choose the backends for a loaded model and put them in place; what was chosen, and why not
     the rest. `huge_pages` off leaves the weights where packing put them (bench/decode_step.py's
-    baseline)."""
-    backends = select(model, device, quantization, huge_pages, attention)
+    baseline). `keeps_kv` false: the cache keeps no K/V (ModelRunner.keeps_kv), each prompt
+    attending whole within its step."""
+    backends = select(model, device, quantization, huge_pages, attention, keeps_kv)
     cpu_ops.apply(model, pack=backends.pack_linears, routers=backends.pack_routers, huge_pages=backends.huge_pages,
                   elementwise=backends.elementwise == "tailrace")
     if backends.elementwise == "triton":
         from tailrace.model.gpu import triton_ops  # imports triton: only where it runs
 
         triton_ops.use_triton_ops(model)
-    settle_fused(backends, model)
+    settle_fused(backends, model, keeps_kv)
     if backends.fused:
         model.model.fused_forward = cpu_ops.FusedForward(model)
     return backends
@@ -198,11 +205,14 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def settle_fused(backends: Backends, model: LlamaForCausalLM) -> None:
-    """After the choices are applied: whether the whole forward runs as one kernel call."""
+def settle_fused(backends: Backends, model: LlamaForCausalLM, keeps_kv: bool = True) -> None:
+    """After the choices are applied: whether the whole forward runs as one kernel call (it reads
+    and writes the K/V pages, so only where the cache keeps them)."""
     if backends.elementwise != "tailrace":
         return  # said already
     why = _not_fusable(model)
+    if why is None and not keeps_kv:
+        why = "each prompt runs whole keeping no K/V (a server that only pools): module by module"
     backends.fused = why is None
     if why is not None:
         backends.not_taken["fused forward"] = why

@@ -286,8 +286,9 @@ def limit_context(config: ModelConfig, max_model_len: int | None) -> None:
     (Phi-3) takes its long factors where the context served is past the pretrained one, its short
     ones otherwise, as llama.cpp decides once for its context; transformers decides by each
     forward's length and vLLM by each batch's longest position, which would make a token depend
-    on its batch."""
-    if max_model_len is not None:
+    on its batch. A learned table of positions keeps its checkpoint's rows (the runner caps the
+    context served either way)."""
+    if max_model_len is not None and not config.absolute_positions:
         config.max_position_embeddings = min(config.max_position_embeddings, max_model_len)
     scaling = config.rope_scaling
     if scaling is not None and scaling["rope_type"] == "longrope":

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tailrace.model.attention.bidirectional import attend_whole
+from tailrace.model.attention.whole_sequence import attend_whole
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention
 from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import layer_steps, norms_of
@@ -264,10 +264,10 @@ class Attention(Module):
             # q and k heads rotate together: one set of elementwise ops instead of two
             qk = self.rotate(qk, *rotations[self.rope])
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        if self.causal:
+        if cache.num_layers:
             out = cache.attend(self.layer, q, k, v, batch, self.how, self.sinks)
-        else:
-            out = attend_whole(q, k, v, batch, self.how.scale, self.how.window)
+        else:  # a cache keeping no K/V: each sequence runs whole in this step
+            out = attend_whole(q, k, v, batch, self.how, self.causal)
         return self.o_proj(out.reshape(x.shape[0], -1))
 
 
@@ -461,20 +461,20 @@ class LlamaModel(nn.Module):
         self.fused_forward = None
 
 
-ENCODER_GROUP_ROWS = 512
+GROUP_ROWS = 512
 
 
-def encoder_groups(batch: AttentionBatch, num_rows: int) -> list[tuple[slice, AttentionBatch]]:
-    """An encoder's step as groups of whole sequences of about ENCODER_GROUP_ROWS rows (one longer
-    sequence alone), each its rows and its sequences counted from its first row: the layers run
-    group by group. No row's result changes (a sequence attends only itself, and the projections
-    give a row the same bits in any batch); each group's activations stay in the CPU's caches,
-    where a whole step's (8,192 rows of a BERT-base MLP: 100 MB) measured 28% slower a token (2-core
-    AVX2, bench/embed.py --shape bge-base, batch 32)."""
+def whole_sequence_groups(batch: AttentionBatch, num_rows: int) -> list[tuple[slice, AttentionBatch]]:
+    """A step of whole sequences keeping no K/V (an encoder's, or any on a server that only pools)
+    as groups of about GROUP_ROWS rows (one longer sequence alone), each its rows and its sequences
+    counted from its first row: the layers run group by group. No row's result changes (a sequence
+    attends only itself, and the projections give a row the same bits in any batch); each group's
+    activations stay in the CPU's caches, where a whole step's (8,192 rows of a BERT-base MLP:
+    100 MB) measured 28% slower a token (2-core AVX2, bench/embed.py --shape bge-base, batch 32)."""
     groups, start, seqs = [], 0, []
     for seq in batch.seqs:
         end = seq.q_start + seq.q_len
-        if seqs and end - start > ENCODER_GROUP_ROWS:
+        if seqs and end - start > GROUP_ROWS:
             groups.append((start, seqs[-1].q_start + seqs[-1].q_len, seqs))
             start, seqs = seq.q_start, []
         seqs.append(seq)
@@ -566,12 +566,12 @@ class LlamaForCausalLM(nn.Module):
         fused = self.model.fused_forward
         if fused is not None and fused.takes(cache):
             return fused(input_ids, positions, batch, cache, rows)
-        if self.config.causal:
+        if cache.num_layers:
             h = self._hidden(input_ids, positions, batch, cache, token_types)
         else:
             h = torch.cat([self._hidden(input_ids[group], positions[group], part, cache,
                                         None if token_types is None else token_types[group])
-                           for group, part in encoder_groups(batch, len(input_ids))])
+                           for group, part in whole_sequence_groups(batch, len(input_ids))])
         if rows is None:
             return h
         # pinned, and queued without waiting: a pageable copy to a GPU would wait for the forward
