@@ -36,7 +36,7 @@ from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.cpu import bf16_linear, ops as cpu_ops
 from tailrace.model.cpu.linear import PackedLinear, packable
 from tailrace.model.loading.loader import load_model
-from tailrace.model.quant import QUANTIZATIONS
+from tailrace.model.options import QUANTIZATIONS
 
 _BANDWIDTH_BYTES = 1 << 30
 _PROBE_EVERY = 10  # steps between two paired reads of the bandwidth

@@ -18,8 +18,7 @@ from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.check.cli import add_check_parser, run_check
 from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
 from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
-from tailrace.model.loading.loader import LOAD_FORMATS
-from tailrace.model.quant import QUANTIZATIONS
+from tailrace.model.options import LOAD_FORMATS, QUANTIZATIONS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
 from tailrace.serving.parsers.choice import REASONING_FIELDS, REASONING_PARSERS, TOOL_PARSERS, resolve_formats
@@ -265,7 +264,7 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     """The engine config (`config` when already checked), tokenizer and server config the serve
     flags ask for; ValueError names a bad one."""
     from tailrace.api.app import ServerConfig
-    from tailrace.model.loading.gguf import forget_readers
+    from tailrace.model.loading.gguf_file import forget_readers
     from tailrace.model.loading.hub import served_name
     from tailrace.tokenizer import load_tokenizer, read_chat_template
 

@@ -17,7 +17,7 @@ import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders
 
-from tailrace.model.loading import gguf
+from tailrace.model.loading import gguf_file
 from tailrace.model.loading.gguf_tokenizer import build_tokenizer
 from tailrace.model.loading.hub import is_gguf
 
@@ -180,7 +180,7 @@ def read_chat_template(file_or_template: str) -> str:
 def tokenizer_json(path: str) -> str:
     """The tokenizer as a tokenizer.json string (for llguidance), a GGUF file's rebuilt."""
     if is_gguf(path):
-        return build_tokenizer(gguf.open_gguf(path)).to_str()
+        return build_tokenizer(gguf_file.open_gguf(path)).to_str()
     return (Path(path) / "tokenizer.json").read_text(encoding="utf-8")
 
 
@@ -217,11 +217,11 @@ def _load_hf_tokenizer(path: str) -> Tokenizer:
 
 
 def _load_gguf_tokenizer(path: str) -> Tokenizer:
-    reader = gguf.open_gguf(path)
+    reader = gguf_file.open_gguf(path)
     hf = build_tokenizer(reader)
 
     def token_id(key: str) -> int | None:
-        return gguf.metadata(reader, f"tokenizer.ggml.{key}", None)
+        return gguf_file.metadata(reader, f"tokenizer.ggml.{key}", None)
 
     # llama.cpp ends generation at eot (Llama 3's <|eot_id|>) and eom as well as at eos.
     eos_ids = [token_id("eos_token_id"), token_id("eot_token_id"), token_id("eom_token_id")]
@@ -231,10 +231,10 @@ def _load_gguf_tokenizer(path: str) -> Tokenizer:
         bos_token_id=token_id("bos_token_id"),
         pad_token_id=token_id("padding_token_id"),
         special_ids=frozenset(i for i, tok in hf.get_added_tokens_decoder().items() if tok.special),
-        chat_template=gguf.metadata(reader, "tokenizer.chat_template", None),
+        chat_template=gguf_file.metadata(reader, "tokenizer.chat_template", None),
         # SentencePiece vocabularies add bos unless told not to; byte-level ones do not.
-        add_bos=bool(gguf.metadata(reader, "tokenizer.ggml.add_bos_token",
-                                   gguf.metadata(reader, "tokenizer.ggml.model") == "llama")),
+        add_bos=bool(gguf_file.metadata(reader, "tokenizer.ggml.add_bos_token",
+                                   gguf_file.metadata(reader, "tokenizer.ggml.model") == "llama")),
     )
 
 

@@ -170,10 +170,21 @@ def test_the_api_process_keeps_no_gguf_reader_once_set_up(tmp_path):
     from gguf_writer import write_gguf
 
     from tailrace.cli import server_setup
-    from tailrace.model.loading.gguf import open_gguf
+    from tailrace.model.loading.gguf_file import open_gguf
 
     path = str(write_gguf(tmp_path / "tiny.gguf"))
     cached = open_gguf(path)
     setup = server_setup(build_parser().parse_args(["serve", path]))
     assert setup.tokenizer.decode(setup.tokenizer.encode("Hello there")) == "Hello there"
     assert open_gguf(path) is not cached
+
+
+def test_the_api_process_never_loads_pytorch():
+    # The command line, the app and every route run in the API process; PyTorch (180 MB resident,
+    # over a second to import) loads in the engine core's process alone.
+    import subprocess
+    import sys
+
+    code = ("import sys, tailrace, tailrace.cli, tailrace.api.app, tailrace.api.server, tailrace.engine.client; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -16,8 +16,8 @@ from gguf_writer import EMBEDDED, add_tensor, llama_permute, write_gguf, write_o
 
 from tailrace import LLM, SamplingParams
 from tailrace.model.decoder.llama import rope_inverse_frequencies
-from tailrace.model.loading.gguf import (dequantize, forget_readers, open_gguf, stores_projections_quantized,
-                                         unpermute_rotary)
+from tailrace.model.loading.gguf import dequantize, stores_projections_quantized, unpermute_rotary
+from tailrace.model.loading.gguf_file import forget_readers, open_gguf
 from tailrace.model.loading.loader import load_model, load_model_config
 
 PROMPTS = ["The list type", "json.dumps", "<|im_start|>user\nWhat does os.path.join do?<|im_end|>\n"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tailrace.model.loading.gguf import open_gguf
+from tailrace.model.loading.gguf_file import open_gguf
 from tailrace.model.loading.gguf_tokenizer import build_tokenizer
 from tailrace.tokenizer import load_tokenizer
 

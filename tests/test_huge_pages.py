@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tailrace.model.cpu.huge_pages import HUGE_PAGE, Arena, release_freed
+from tailrace.heap import release_freed
+from tailrace.model.cpu.huge_pages import HUGE_PAGE, Arena
 
 
 def tensors() -> list[torch.Tensor]:

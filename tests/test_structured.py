@@ -10,7 +10,8 @@ import pytest
 
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
-from tailrace.engine.structured_output.grammar import GrammarCompiler, MaskWorker, schema_error
+from tailrace.engine.structured_output.grammar import GrammarCompiler, MaskWorker
+from tailrace.engine.structured_output.json_grammar import schema_error
 from tailrace.llm import LLM
 from tailrace.sampling_params import SamplingParams, StructuredSpec, ThinkTokens
 from tailrace.tokenizer import load_tokenizer

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from tailrace.engine.config import EngineConfig
-from tailrace.engine.core import EngineRequest
+from tailrace.engine.messages import EngineRequest
 from tailrace.engine.core_process import (
     AbortMsg, AddMsg, FatalMsg, OutputsMsg, ReadyMsg, RequestErrorMsg, ShutdownMsg, encoder,
     from_core_decoder, run_core, run_core_process,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tailrace.engine.block_manager import BlockManager
 from tailrace.engine.structured_output.closing import FORCED_LOGPROB
 from tailrace.engine.config import EngineConfig
+from tailrace.engine.messages import EngineRequest, SeqOutput
 from tailrace.engine.model_runner import LaunchedStep, ModelRunner
 from tailrace.engine.sampler import make_generator
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
@@ -38,28 +39,6 @@ def forced_logprob(sampled: TokenLogprob, forced: int) -> TokenLogprob:
     alternatives when it is among them."""
     value = next((lp for t, lp in sampled.top if t == forced), FORCED_LOGPROB)
     return TokenLogprob(value, sampled.top)
-
-
-@dataclass(slots=True)
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-
-
-@dataclass(slots=True)
-class SeqOutput:
-    """What one sequence gained in one step."""
-
-    request_id: str
-    sibling: int
-    new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop" (eos or stop token) | "length" | "abort"
-    stop_reason: int | None = None
-    num_cached_tokens: int = 0
-    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first
-    embedding: list[float] | None = None  # a pooling request's vector, once its prompt is computed
 
 
 @dataclass(slots=True)

@@ -9,15 +9,19 @@ from __future__ import annotations
 import logging
 import traceback
 from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from tailrace.engine.config import EngineConfig
-from tailrace.engine.core import EngineCore, EngineRequest, SeqOutput
+from tailrace.engine.messages import EngineRequest, SeqOutput
 from tailrace.engine.stats import EngineStats
 from tailrace.engine.stop_signals import ignore_in_child
 from tailrace.heap import freeze_startup_objects
 from tailrace.logs import configure_logging
+
+if TYPE_CHECKING:  # the core (and PyTorch) load in the core's process only, in run_core
+    from tailrace.engine.core import EngineCore
 
 log = logging.getLogger("tailrace.engine")
 
@@ -84,6 +88,8 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int = lo
 
 
 def run_core(config: EngineConfig, conn: Connection) -> None:
+    from tailrace.engine.core import EngineCore
+
     try:
         core = EngineCore(config)
     except Exception as exc:  # the client shows the reason; nothing else can run

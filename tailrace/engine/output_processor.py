@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tailrace.engine.core import SeqOutput
+from tailrace.engine.messages import SeqOutput
 from tailrace.engine.detokenizer import IncrementalDetokenizer
 from tailrace.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from tailrace.sampling_params import SamplingParams

@@ -27,8 +27,8 @@ from torch import nn
 
 from tailrace.model.cpu import int_linear
 from tailrace.model.decoder.llama import LlamaForCausalLM, Module, replace_projections
+from tailrace.model.options import QUANTIZATIONS
 
-QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP_SIZE = 32  # GGUF's block size, so its blocks map one to one
 # The 16 E2M1 codes' values (MXFP4's, model/loading/mxfp4.py), the sign in bit 3.
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -11,7 +11,7 @@ from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle
 
 from tailrace.engine.client import EngineDeadError
-from tailrace.engine.core import EngineRequest
+from tailrace.engine.messages import EngineRequest
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import RequestOutput
 from tailrace.ray.replica import EngineError, ReplicaStats

@@ -15,7 +15,7 @@ from ray import serve
 
 from tailrace.engine.client import EngineClient, EngineDeadError, RequestFailedError, RequestRejectedError
 from tailrace.engine.config import EngineConfig
-from tailrace.engine.core import EngineRequest
+from tailrace.engine.messages import EngineRequest
 from tailrace.engine.stats import EngineStats
 from tailrace.outputs import RequestOutput
 from tailrace.tokenizer import load_tokenizer

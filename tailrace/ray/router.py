@@ -13,7 +13,7 @@ from collections.abc import Hashable
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from tailrace.engine.core import EngineRequest
+from tailrace.engine.messages import EngineRequest
 from tailrace.ray.prefix import DEFAULT_CAPACITY, DEFAULT_MAX_IMBALANCE, PrefixTable, rank_replicas
 
 

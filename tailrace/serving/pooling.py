@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tailrace.model.decoder import registry
 from tailrace.model.decoder.config import num_labels
-from tailrace.model.loading import gguf
+from tailrace.model.loading import gguf_file
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.st_modules import StModule, st_modules
 from tailrace.tokenizer import read_json
@@ -140,11 +140,11 @@ def _check_modules(root: Path, modules: list[StModule]) -> None:
 def gguf_encoder_pooling(model_path: str) -> Pooling | None:
     """A GGUF encoder's pooling, as its metadata names it (llama.cpp's pooling_type), normalized
     as llama.cpp's server normalizes its embeddings; None for any other GGUF."""
-    reader = gguf.open_gguf(model_path)
-    arch = gguf.architecture(reader)
+    reader = gguf_file.open_gguf(model_path)
+    arch = gguf_file.architecture(reader)
     if not registry.GGUF_ARCHITECTURES[arch].encoder:
         return None
-    kind = gguf.metadata(reader, f"{arch}.pooling_type", None)
+    kind = gguf_file.metadata(reader, f"{arch}.pooling_type", None)
     if kind not in _GGUF_POOLING:
         raise ValueError(f"{arch}.pooling_type {kind} cannot be served; supported: "
                          + ", ".join(f"{k} ({v})" for k, v in _GGUF_POOLING.items()))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailrace.engine.structured_output.grammar import schema_error
+from tailrace.engine.structured_output.json_grammar import schema_error
 from tailrace.sampling_params import StructuredSpec
 from tailrace.serving.errors import invalid_request
 from tailrace.serving.parsers import ToolParser

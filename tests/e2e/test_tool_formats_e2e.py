@@ -33,7 +33,7 @@ import transformers
 from architectures import tiny
 from tokenizers import AddedToken, Tokenizer
 
-from tailrace.model.loading.gguf import open_gguf
+from tailrace.model.loading.gguf_file import open_gguf
 from tailrace.model.loading.gguf_tokenizer import build_tokenizer
 
 from e2e.conftest import serving

@@ -12,7 +12,6 @@ elsewhere it is an ordinary allocation and only the order remains.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 
 import torch
@@ -56,18 +55,6 @@ class Arena:
         copy.copy_(tensor)
         self._used += _aligned(nbytes)
         return copy
-
-
-def release_freed() -> None:
-    """Hands glibc's free pages back to the system (malloc_trim). glibc serves allocations below
-    its mmap threshold, which rises to the size of any larger block freed (up to 32 MB), from heaps
-    that keep freed memory resident: weights copied into an arena left their old copies resident
-    beside it, twice the weights in all (measured: 1 GB of 1 MB tensors gathered, 2.2 GB
-    resident; trimmed, 1.2 GB). Nothing to do without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _aligned(nbytes: int) -> int:

@@ -24,7 +24,8 @@ import torch
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache
 from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
-from tailrace.model.cpu.huge_pages import Arena, release_freed
+from tailrace.heap import release_freed
+from tailrace.model.cpu.huge_pages import Arena
 from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
 from tailrace.model.cpu.kernels import kernels
 from tailrace.model.cpu.linear import pack_linears, pack_routers

@@ -1,5 +1,6 @@
-"""A GGUF file (llama.cpp's and Ollama's format): its metadata, its config as Hugging Face names
-it, and its tensors dequantized under Hugging Face names.
+"""A GGUF file (llama.cpp's and Ollama's format): its config as Hugging Face names it, and its
+tensors dequantized under Hugging Face names (the file opened and its metadata read:
+model/loading/gguf_file.py).
 
 Each tensor is dequantized on its own (`dequantize`), from its raw blocks (`GGUFReader` keeps them
 memory-mapped in `ReaderTensor.data`), so a quantized path can later take those blocks instead.
@@ -7,9 +8,6 @@ memory-mapped in `ReaderTensor.data`), so a quantized path can later take those 
 
 from __future__ import annotations
 
-import functools
-import mmap
-import os
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -17,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFValueType, ReaderTensor
+from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
-from tailrace.model.cpu.huge_pages import release_freed
 from tailrace.model.decoder import registry
 from tailrace.model.decoder.llama import rope_inverse_frequencies
+from tailrace.model.loading.gguf_file import REQUIRED, architecture, metadata
 
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
@@ -41,72 +39,6 @@ _GLOBAL_NAMES = {
 }
 _LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 _ROPE_FREQS = "rope_freqs.weight"
-_REQUIRED = object()
-
-
-def open_gguf(path: str) -> GGUFReader:
-    """The file's reader, parsed once per process while the file is unchanged: GGUFReader builds an
-    array per string, so a Llama 3 vocabulary (128k tokens, 280k merges) took 26 s to parse here,
-    and config, weights and tokenizer each need it."""
-    try:
-        return _reader(path, os.stat(path).st_mtime_ns)
-    except (ValueError, OSError, KeyError, IndexError) as exc:
-        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from exc
-
-
-@functools.lru_cache(maxsize=1)
-def _reader(path: str, mtime_ns: int) -> GGUFReader:
-    return _PlainReader(path)
-
-
-def forget_readers() -> None:
-    """The cached reader dropped and its memory handed back, for a process that reads the file no
-    more: the API process, once it has the config and the tokenizer, would otherwise keep the
-    parsed fields for its life (0.24 GiB of Gemma 3's 262k-token vocabulary)."""
-    _reader.cache_clear()
-    release_freed()
-
-
-class _PlainReader(GGUFReader):
-    """GGUFReader over a plain ndarray view of its memory map. The reader slices `data` a few times
-    per string, and every slice of an np.memmap runs memmap's __array_finalize__: Gemma 3's 262k
-    tokens took 18.4 s to parse so, 7.2 s over the same pages as a plain ndarray (Phi-4-mini's
-    vocabulary 13.8 s and 5.6 s). The tensors' arrays are views of the same mapping either way."""
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._plain
-
-    @data.setter
-    def data(self, mapped: np.memmap) -> None:
-        self._plain = mapped.view(np.ndarray)
-
-
-def release_pages(reader: GGUFReader) -> None:
-    """The file's pages the reader has read, unmapped from this process (MADV_DONTNEED): they
-    belong to the page cache, yet count as the process's resident memory while mapped, and the
-    cached reader (open_gguf) keeps the mapping for the process's life. 7 GB of a loaded
-    gpt-oss-20b GGUF stood resident beside the weights built from it (RssFile in the engine's
-    /proc/PID/status). Whatever reads them again faults them back in from the cache."""
-    buffer = reader.data
-    while not isinstance(buffer, mmap.mmap):
-        buffer = buffer.base
-    buffer.madvise(mmap.MADV_DONTNEED)
-
-
-def metadata(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
-    """One metadata value (a number, string, bool or list); ValueError when a required key is absent."""
-    field = reader.get_field(key)
-    if field is None:
-        if default is _REQUIRED:
-            raise ValueError(f"GGUF metadata has no {key}")
-        return default
-    value = field.contents()
-    if field.types == [GGUFValueType.FLOAT32]:
-        # The float32 the file holds, as the decimal it was written from (1e-05, not 9.99999974e-06),
-        # so a model reads the same config from its GGUF as from its config.json.
-        return float(str(np.float32(value)))
-    return value
 
 
 def stores_projections_quantized(reader: GGUFReader) -> bool:
@@ -118,20 +50,12 @@ def stores_projections_quantized(reader: GGUFReader) -> bool:
     return bool(projections) and all(t.tensor_type not in _FLOAT_TYPES for t in projections)
 
 
-def architecture(reader: GGUFReader) -> str:
-    arch = metadata(reader, "general.architecture")
-    if registry.GGUF_ARCHITECTURES.get(arch) is None:
-        supported = ", ".join(registry.GGUF_ARCHITECTURES)
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
-    return arch
-
-
 def config_dict(reader: GGUFReader) -> dict[str, Any]:
     """The model's config.json, as Hugging Face would write it, from the metadata."""
     arch = architecture(reader)
     tensors = {t.name: t for t in reader.tensors}
 
-    def value(key: str, default: Any = _REQUIRED) -> Any:
+    def value(key: str, default: Any = REQUIRED) -> Any:
         return metadata(reader, f"{arch}.{key}", default)
 
     if "token_embd.weight" not in tensors:
@@ -149,7 +73,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": value("attention.head_count_kv", heads),
         "head_dim": value("attention.key_length", hidden // heads),
-        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", None if entry.encoder else _REQUIRED),
+        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", None if entry.encoder else REQUIRED),
         "rope_theta": value("rope.freq_base", 10000.0),
         "rope_scaling": _rope_scaling(reader, entry, tensors),
         "max_position_embeddings": value("context_length"),

@@ -31,9 +31,9 @@ from tailrace.model.cpu import int_linear
 
 from tailrace.model.decoder import registry
 
-from tailrace.model.cpu.huge_pages import release_freed
+from tailrace.heap import release_freed
 from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order
-from tailrace.model.loading import gguf
+from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.mxfp4 import e2m1_scales
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
@@ -172,12 +172,12 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias
 def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
     """The head counts llama.cpp permuted q and k rows by, for the architectures it permutes (see
     gguf.checkpoint_tensors)."""
-    arch = gguf.architecture(reader)
+    arch = gguf_file.architecture(reader)
     entry = registry.GGUF_ARCHITECTURES.get(arch)
     if entry is None or not entry.gguf_permuted:
         return {}
-    heads = gguf.metadata(reader, f"{arch}.attention.head_count")
-    return {"attn_q": heads, "attn_k": gguf.metadata(reader, f"{arch}.attention.head_count_kv", heads)}
+    heads = gguf_file.metadata(reader, f"{arch}.attention.head_count")
+    return {"attn_q": heads, "attn_k": gguf_file.metadata(reader, f"{arch}.attention.head_count_kv", heads)}
 
 
 def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],

@@ -10,25 +10,26 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from tailrace.model.cpu import bf16_linear, int_linear
 
 from tailrace.model.decoder import registry
 
-from tailrace.model.cpu.huge_pages import release_freed
+from tailrace.heap import release_freed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
 from tailrace.model.decoder.llama import (LayerNorm, Linear, LlamaForCausalLM, PooledDense, RMSNorm,
                                           reorder_rotary_dims)
-from tailrace.model.loading import gguf
+from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes
-from tailrace.model.loading.st_modules import dense_layers, logit_score_tokens
+from tailrace.model.loading.st_modules import dense_modules, logit_score_tokens
 from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
+from tailrace.model.options import LOAD_FORMATS
 from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-LOAD_FORMATS = ("auto", "dummy")
 _DUMMY_STD = 0.02
 _SHOWN_KEYS = 10
 
@@ -46,7 +47,7 @@ def load_model_config(path: str) -> ModelConfig:
     """Read `path/config.json`; stop tokens from `generation_config.json` are added when present.
     A .gguf `path` is read from its metadata instead."""
     if is_gguf(path):
-        return parse_model_config(gguf.config_dict(gguf.open_gguf(path)))
+        return parse_model_config(gguf.config_dict(gguf_file.open_gguf(path)))
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         raw = json.load(f)
     config = parse_model_config(raw)
@@ -99,17 +100,19 @@ def load_model(
 
 
 def _pooled_dense(path: str, dtype: torch.dtype, device: str) -> list[PooledDense]:
-    """A sentence-transformers folder's Dense modules (st_modules.dense_layers), at `dtype`."""
+    """A sentence-transformers folder's Dense modules (st_modules.dense_modules), at `dtype`."""
     modules = []
-    for layer in dense_layers(path):
-        out_features, in_features = layer.weight.shape
+    for module in dense_modules(path):
+        weights = load_file(str(module.weights))
+        weight, bias = weights["linear.weight"], weights.get("linear.bias")
+        out_features, in_features = weight.shape
         with torch.device(device):
-            linear = Linear(in_features, out_features, layer.bias is not None, dtype)
+            linear = Linear(in_features, out_features, bias is not None, dtype)
         with torch.no_grad():
-            linear.weight.copy_(layer.weight)
-            if layer.bias is not None:
-                linear.bias.copy_(layer.bias)
-        modules.append(PooledDense(linear, layer.activation))
+            linear.weight.copy_(weight)
+            if bias is not None:
+                linear.bias.copy_(bias)
+        modules.append(PooledDense(linear, module.activation))
     return modules
 
 
@@ -117,7 +120,7 @@ def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantiza
                shard: Shard | None) -> None:
     """The GGUF file's weights into `model` (`config`: the whole model's); unsharded and quantized,
     the file's own codes where they map, their float weights never read (quantize_model does the rest)."""
-    reader = gguf.open_gguf(path)
+    reader = gguf_file.open_gguf(path)
     blocks = block_projections(model, reader) if quantization is not None and shard is None else []
     supplied = {f"{p.path}.weight" for p in blocks}
     unread = {part.name for p in blocks for part in p.parts}
@@ -129,7 +132,7 @@ def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantiza
     load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
     reorder_rotary_dims(model)
     use_gguf_blocks(model, reader, blocks)
-    gguf.release_pages(reader)
+    gguf_file.release_pages(reader)
 
 
 def _load_safetensors(model: LlamaForCausalLM, path: str, quantization: str | None) -> None:
@@ -172,7 +175,7 @@ def resolve_quantization(quantization: str | None, path: str, device: str) -> st
         return None if quantization == "none" else quantization
     if torch.device(device).type != "cpu" or not is_gguf(path):
         return None
-    return "int8" if gguf.stores_projections_quantized(gguf.open_gguf(path)) else None
+    return "int8" if gguf.stores_projections_quantized(gguf_file.open_gguf(path)) else None
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str = "float32") -> torch.dtype:

@@ -1,17 +1,15 @@
 """A sentence-transformers folder's modules (modules.json) as sentence-transformers lists them:
 each module's kind (the class name, under the module paths of every release:
 `sentence_transformers.models.Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`)
-and its folder; its Dense modules' layers, which run in the engine after pooling; and a
-LogitScore module's tokens, whose logits a causal reranker's score is made of."""
+and its folder; its Dense modules (their weights' files and activations), which run in the engine
+after pooling; and a LogitScore module's tokens, whose logits a causal reranker's score is made of.
+Without PyTorch: the API process reads these too."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
 
 _PREFIX = "sentence_transformers."
 # A Dense module's activation (by its class path) -> the function the engine applies
@@ -26,9 +24,8 @@ class StModule:
 
 
 @dataclass(frozen=True, slots=True)
-class DenseLayer:
-    weight: torch.Tensor  # [out, in]
-    bias: torch.Tensor | None
+class DenseModule:
+    weights: Path  # its model.safetensors: linear.weight [out, in], and linear.bias where it has one
     activation: str  # a DENSE_ACTIVATIONS value
 
 
@@ -45,9 +42,9 @@ def _kind(module_type: str) -> str:
     return module_type.rsplit(".", 1)[-1] if module_type.startswith(_PREFIX) else module_type
 
 
-def dense_layers(model_path: str) -> list[DenseLayer]:
-    """The folder's Dense modules in order, their weights from safetensors; ValueError for an
-    activation or a layout that cannot be served."""
+def dense_modules(model_path: str) -> list[DenseModule]:
+    """The folder's Dense modules in order; ValueError for an activation or a layout that cannot
+    be served."""
     layers = []
     for module in st_modules(Path(model_path)):
         if module.kind != "Dense":
@@ -63,8 +60,7 @@ def dense_layers(model_path: str) -> list[DenseLayer]:
         if not weights_path.is_file():
             raise ValueError(f"{module.path}: no model.safetensors (a Dense module's weights are read from "
                              "safetensors only)")
-        weights = load_file(str(weights_path))
-        layers.append(DenseLayer(weights["linear.weight"], weights.get("linear.bias"), DENSE_ACTIVATIONS[activation]))
+        layers.append(DenseModule(weights_path, DENSE_ACTIVATIONS[activation]))
     return layers
 
 
