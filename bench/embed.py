@@ -13,7 +13,7 @@ time, after one warm-up call; the figure is the median over --repeats passes of 
 sentence-transformers, and llama.cpp's server (`--embedding`, the folder's pooling) on the F32
 GGUF its converter makes of the same weights. All run float32 on all cores, one at a time.
 Also timed: the p50 of one 16-token query a request (tailrace, llama.cpp, and tailrace's bare
-model forward in this process), and tailrace's resident memory (server and engine processes)
+model forward in this process), and each server's resident memory (all its processes)
 after the largest batch, against the weights' bytes. Prints a table and writes JSON (--out).
 """
 
@@ -231,7 +231,7 @@ def main() -> int:
                     runs["llama.cpp"][batch].append(bench_server(started[1].url, docs, batch, model="model"))
                 if st_model is not None:
                     runs["sentence-transformers"][batch].append(bench_sentence_transformers(st_model, docs, batch))
-        resident = server.memory()[0]
+        resident = {peer.name: peer.memory()[0] for peer in started}
         latency["tailrace"] = query_latency(server.url, queries)
         if "llama.cpp" in peers:
             latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")
@@ -248,15 +248,17 @@ def main() -> int:
     bare = latency.get("bare forward")
     print("p50 of one 16-token query: " + ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in latency.items())
           + (f"; tailrace / bare forward {latency['tailrace'] / bare:.2f}x" if bare else ""))
-    print(f"tailrace resident after batch {max(batches)}: {resident / 2**20:.0f} MiB (server and engine processes), "
-          f"weights {weights / 2**20:.0f} MiB: {resident / weights:.2f}x")
+    print(f"resident after batch {max(batches)}, weights {weights / 2**20:.0f} MiB: " + ", ".join(
+        f"{name} {value / 2**20:.0f} MiB ({value / weights:.2f}x)" for name, value in resident.items())
+        + " (every process of each server)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor() or
             platform.machine(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv), "shape": args.shape,
             "doc_tokens": args.doc_tokens, "docs": args.docs, "docs_per_s": cells, "docs_per_s_runs": runs,
-            "query_p50_s": latency, "resident_bytes": resident, "weight_bytes": weights}, indent=2) + "\n")
+            "query_p50_s": latency, "resident_bytes": resident["tailrace"], "resident_bytes_by_server": resident,
+            "weight_bytes": weights}, indent=2) + "\n")
     return 0
 
 
