@@ -145,21 +145,22 @@ def query_latency(url: str, queries: list[list[int]], model: str | None = None) 
 
 
 def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
-    """p50 seconds of tailrace's model forward alone on one query (loaded and prepared as the server
-    loads it: packed projections on its kernels), without scheduler, engine or HTTP: an encoder's,
-    which keeps no K/V."""
+    """p50 seconds of tailrace's model forward alone on one query (loaded and prepared as a server
+    that only pools loads it: packed projections on its kernels, a cache keeping no K/V), without
+    scheduler, engine or HTTP."""
     from tailrace.model import backends
-    from tailrace.model.attention.kv_cache import AttentionBatch, SeqSlice
+    from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
     from tailrace.model.loading.loader import load_model
 
-    model, _ = load_model(str(folder), dtype="float32")
-    backends.prepare(model, torch.device("cpu"), None)
+    model, config = load_model(str(folder), dtype="float32")
+    backends.prepare(model, torch.device("cpu"), None, keeps_kv=False)
+    cache = KVCache(0, config.num_key_value_heads, config.head_dim, 1, 16, model.dtype)
     times = []
     for ids in [queries[0], *queries]:
         n = len(ids)
         batch = AttentionBatch([SeqSlice(0, 0, n, n, [])], torch.zeros(n, dtype=torch.long))
         start = time.perf_counter()
-        model(torch.tensor(ids), torch.arange(n), batch, None, [0]).tolist()
+        model(torch.tensor(ids), torch.arange(n), batch, cache, [n - 1]).tolist()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
@@ -235,8 +236,7 @@ def main() -> int:
         latency["tailrace"] = query_latency(server.url, queries)
         if "llama.cpp" in peers:
             latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")
-    if encoder:  # a decoder's forward needs the engine's KV cache, so only an encoder's is timed bare
-        latency["bare forward"] = bare_forward_latency(folder, queries)
+    latency["bare forward"] = bare_forward_latency(folder, queries)
     cells = {name: {b: statistics.median(values) for b, values in by_batch.items()} for name, by_batch in runs.items()}
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     print(f"{args.shape}, {args.doc_tokens}-token documents, float32, {os.cpu_count()} cores: documents/s")
