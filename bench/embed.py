@@ -10,8 +10,9 @@ Each cell embeds `--docs` documents of exactly --doc-tokens random token ids in 
 sentence-transformers forwards, what `encode` runs after tokenizing) of `batch` documents, one at a
 time, after one warm-up call; the figure is the median over --repeats passes of the whole table
 (every system's cell one after another) of documents per second over the whole cell. The peers:
-sentence-transformers, and llama.cpp's server (`--embedding`, the folder's pooling) on the F32
-GGUF its converter makes of the same weights. All run float32 on all cores, one at a time.
+sentence-transformers, and llama.cpp's server (`--embedding`, the folder's pooling) on the GGUF
+its converter makes of the same weights (F32 or BF16). All run at --dtype (float32 by default) on
+all cores, one at a time.
 Also timed: the p50 of one 16-token query a request (tailrace, llama.cpp, and tailrace's bare
 model forward in this process), and each server's resident memory (all its processes)
 after the largest batch, against the weights' bytes. Prints a table and writes JSON (--out).
@@ -98,10 +99,10 @@ def documents(count: int, tokens: int, vocab: int, seed: int) -> list[list[int]]
     return [[rng.randrange(vocab) for _ in range(tokens)] for _ in range(count)]
 
 
-def load_sentence_transformers(folder: Path) -> Any:
+def load_sentence_transformers(folder: Path, dtype: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(folder), device="cpu")
+    return SentenceTransformer(str(folder), device="cpu", model_kwargs={"torch_dtype": getattr(torch, dtype)})
 
 
 def bench_sentence_transformers(model: Any, docs: list[list[int]], batch: int) -> float:
@@ -144,7 +145,7 @@ def query_latency(url: str, queries: list[list[int]], model: str | None = None) 
     return statistics.median(times[1:])
 
 
-def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
+def bare_forward_latency(folder: Path, queries: list[list[int]], dtype: str) -> float:
     """p50 seconds of tailrace's model forward alone on one query (loaded and prepared as a server
     that only pools loads it: packed projections on its kernels, a cache keeping no K/V), without
     scheduler, engine or HTTP."""
@@ -152,7 +153,7 @@ def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
     from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice
     from tailrace.model.loading.loader import load_model
 
-    model, config = load_model(str(folder), dtype="float32")
+    model, config = load_model(str(folder), dtype=dtype)
     backends.prepare(model, torch.device("cpu"), None, keeps_kv=False)
     cache = KVCache(0, config.num_key_value_heads, config.head_dim, 1, 16, model.dtype)
     times = []
@@ -165,7 +166,8 @@ def bare_forward_latency(folder: Path, queries: list[list[int]]) -> float:
     return statistics.median(times[1:])
 
 
-def llamacpp_server(folder: Path, pooling: str, max_batch: int, max_len: int, port: int, log: Path) -> ServerProcess:
+def llamacpp_server(folder: Path, pooling: str, max_batch: int, max_len: int, port: int, log: Path,
+                    dtype: str) -> ServerProcess:
     """llama.cpp's server on the F32 GGUF its converter makes of the folder: embeddings only, the
     folder's pooling, a slot per document of a batch, its default logical batch (2048 tokens) and
     micro-batches of one context (a sequence must fit in one; one micro-batch of every document
@@ -176,7 +178,7 @@ def llamacpp_server(folder: Path, pooling: str, max_batch: int, max_len: int, po
 
     directory = PEERS_DIR / llamacpp.NAME
     llamacpp.ensure_installed(directory)
-    gguf = llamacpp.ensure_gguf(directory, folder, "float32", None)
+    gguf = llamacpp.ensure_gguf(directory, folder, dtype, None)
     tokens = max_batch * max_len
     command = [str(llamacpp.binary(directory, "llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
                "--port", str(port), "--embedding", "--pooling", pooling, "-np", str(max_batch), "-c", str(tokens),
@@ -189,6 +191,8 @@ def main() -> int:
     parser.add_argument("--shape", default="qwen3-embedding-0.6b",
                         choices=[*(n for n in SHAPES if "embedding" in n), *ENCODER_SHAPES])
     parser.add_argument("--doc-tokens", type=int, default=256)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="every system's weights and compute (llama.cpp: the GGUF's type)")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--docs", type=int, default=32, help="documents per cell (default: 32)")
     parser.add_argument("--queries", type=int, default=20, help="16-token queries timed one by one (default: 20)")
@@ -211,7 +215,7 @@ def main() -> int:
     logs = Path(args.out).with_suffix("") if args.out else Path("/tmp/tailrace-embed")
     max_len = max(512, args.doc_tokens)
     port, peer_port = free_port(), free_port()
-    command = [sys.executable, "-m", "tailrace", "serve", str(folder), "--port", str(port), "--dtype", "float32",
+    command = [sys.executable, "-m", "tailrace", "serve", str(folder), "--port", str(port), "--dtype", args.dtype,
                "--max-model-len", str(max_len), "--max-num-seqs", str(max(batches)),
                "--max-num-batched-tokens", str(max(batches) * args.doc_tokens), "--disable-log-stats"]
     with contextlib.ExitStack() as stack:
@@ -220,9 +224,9 @@ def main() -> int:
         started = [server]
         if "llama.cpp" in peers:
             started.append(stack.enter_context(llamacpp_server(folder, pooling, max(batches), max_len, peer_port,
-                                                               Path(f"{logs}.llamacpp.log"))))
+                                                               Path(f"{logs}.llamacpp.log"), args.dtype)))
         wait_ready(started, 900)
-        st_model = load_sentence_transformers(folder) if "sentence-transformers" in peers else None
+        st_model = load_sentence_transformers(folder, args.dtype) if "sentence-transformers" in peers else None
         # Every cell's systems one after another, the whole table --repeats times: drift on a shared
         # machine then falls on all of them alike; each figure is its cell's median.
         for _ in range(args.repeats):
@@ -236,10 +240,10 @@ def main() -> int:
         latency["tailrace"] = query_latency(server.url, queries)
         if "llama.cpp" in peers:
             latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")
-    latency["bare forward"] = bare_forward_latency(folder, queries)
+    latency["bare forward"] = bare_forward_latency(folder, queries, args.dtype)
     cells = {name: {b: statistics.median(values) for b, values in by_batch.items()} for name, by_batch in runs.items()}
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    print(f"{args.shape}, {args.doc_tokens}-token documents, float32, {os.cpu_count()} cores: documents/s")
+    print(f"{args.shape}, {args.doc_tokens}-token documents, {args.dtype}, {os.cpu_count()} cores: documents/s")
     print(f"{'batch':>6} {'tailrace':>10} " + " ".join(f"{p:>22} {'ratio':>7}" for p in peers))
     for batch in batches:
         ours = cells["tailrace"][batch]
@@ -255,7 +259,7 @@ def main() -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor() or
-            platform.machine(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv), "shape": args.shape,
+            platform.machine(), "cpu_count": os.cpu_count(), "command": " ".join(sys.argv), "shape": args.shape, "dtype": args.dtype,
             "doc_tokens": args.doc_tokens, "docs": args.docs, "docs_per_s": cells, "docs_per_s_runs": runs,
             "query_p50_s": latency, "resident_bytes": resident["tailrace"], "resident_bytes_by_server": resident,
             "weight_bytes": weights}, indent=2) + "\n")

@@ -90,15 +90,32 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789.,?!'-:"
 
 def _save_encoder_tokenizer(directory: Path, family: str) -> None:
     """A tokenizer as the family's own: BERT's WordPiece (lower-cased, [CLS] a [SEP] b [SEP], pairs
-    typed 0 and 1) or XLM-R's Unigram (<s> a </s></s> b </s>)."""
+    typed 0 and 1) or XLM-R's SentencePiece Unigram (<s> a </s></s> b </s>)."""
     if family == "bert":
         vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS, *_LETTERS, *(f"##{c}" for c in _LETTERS)]
-        tokenizer = transformers.BertTokenizer(vocab={piece: i for i, piece in enumerate(dict.fromkeys(vocab))})
+        transformers.BertTokenizer(vocab={piece: i for i, piece in enumerate(dict.fromkeys(vocab))}).save_pretrained(
+            directory)
     else:
-        pieces = ["<s>", "<pad>", "</s>", "<unk>", *(f"\u2581{w}" for w in _WORDS), *_LETTERS, "\u2581"]
-        tokenizer = transformers.XLMRobertaTokenizer(
-            vocab=[(piece, 0.0 if i < 4 else -1.0 - i / 100) for i, piece in enumerate(dict.fromkeys(pieces))])
-    tokenizer.save_pretrained(directory)
+        _save_xlm_r_tokenizer(directory)
+
+
+def _save_xlm_r_tokenizer(directory: Path) -> None:
+    """XLM-R's tokenizer as its checkpoints ship it: a SentencePiece Unigram model
+    (sentencepiece.bpe.model: <unk>, <s> and </s> first, nmt_nfkc's precompiled character map),
+    trained here on sentences of the test words, and the tokenizer.json transformers builds from it
+    (<s> and <pad> before the pieces, each piece one id up, <mask> last)."""
+    import sentencepiece
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(_WORDS, 8)) + str(rng.choice(list(".?!,"))) for _ in range(2000)]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=str(directory / "spm"), vocab_size=200, model_type="unigram",
+        hard_vocab_limit=False, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
+        minloglevel=2)
+    (directory / "spm.model").rename(directory / "sentencepiece.bpe.model")
+    (directory / "spm.vocab").unlink()
+    transformers.XLMRobertaTokenizer.from_pretrained(directory).save_pretrained(directory)
 
 
 def encoder_classes(family: str) -> tuple[type, type, type]:

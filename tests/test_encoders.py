@@ -3,7 +3,7 @@ checkpoints the tests write (the family's own tokenizer, float32): embeddings as
 SentenceTransformer.encode makes them (CLS and mean pooling), cross-encoder scores as
 CrossEncoder.predict gives them (the pair's second text typed 1 where the family types pairs),
 each the same bits alone and in a batch of 64 of other lengths; a prompt runs whole, never
-chunked; an encoder refuses to generate."""
+chunked; an encoder refuses to generate; the GGUFs llama.cpp's converter writes embed as their folders."""
 
 from __future__ import annotations
 
@@ -135,12 +135,13 @@ def convert(llamacpp_tree: Path, folder: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_a_bert_gguf_by_llama_cpps_converter_embeds_as_its_folder(llamacpp_tree, tmp_path, pooling):
-    folder = save_encoder_model(tmp_path / "bert", "bert", pooling=pooling)
-    gguf = convert(llamacpp_tree, folder, tmp_path / "bert.gguf")
+@pytest.mark.parametrize("family,pooling", [("bert", "cls"), ("bert", "mean"), ("xlm-roberta", "cls")])
+def test_an_encoder_gguf_by_llama_cpps_converter_embeds_as_its_folder(llamacpp_tree, tmp_path, family, pooling):
+    folder = save_encoder_model(tmp_path / family, family, pooling=pooling)
+    gguf = convert(llamacpp_tree, folder, tmp_path / f"{family}.gguf")
     assert resolve_task("auto", str(gguf))[0] == Pooling(pooling, True)  # the file's pooling_type
-    texts = [*TEXTS, "Héllo, Wörld!", "日本語 text", "tab\tand\nnewline", "UPPER lower 123"]
+    texts = [*TEXTS, "Héllo, Wörld!", "日本語 text", "tab\tand\nnewline", "UPPER lower 123", "  extra   spaces ",
+             "ﬁ ① Ｆｕｌｌ ｗｉｄｔｈ"]
     ours, theirs = load_tokenizer(str(folder)), load_tokenizer(str(gguf))
     assert [theirs.encode(t) for t in texts] == [ours.encode(t) for t in texts]
     assert theirs.encode_pair(*PAIRS[0]) == ours.encode_pair(*PAIRS[0])

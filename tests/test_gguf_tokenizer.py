@@ -136,8 +136,8 @@ def test_unknown_pre_tokenizer_is_named(tmp_path):
 
 
 def test_unknown_tokenizer_model_is_named(tmp_path):
-    with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 't5'"):
-        load_tokenizer(_embedded_vocab_file(tmp_path, model="t5"))
+    with pytest.raises(ValueError, match="unsupported GGUF tokenizer model 'rwkv'"):
+        load_tokenizer(_embedded_vocab_file(tmp_path, model="rwkv"))
 
 
 def _embedded_vocab_file(tmp_path, **changes) -> str:

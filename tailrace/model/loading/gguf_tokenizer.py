@@ -1,11 +1,12 @@
 """A Hugging Face `tokenizers.Tokenizer` rebuilt from a GGUF file's tokenizer.ggml.* metadata.
 
-Three vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
+Four vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
 its tokenizer.ggml.pre names), "llama" (SentencePiece: ▁-marked pieces with scores, turned into
-BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does) and
-"bert" (WordPiece, word-initial pieces marked ▁ where BERT's own vocabulary marks the others ##;
-BERT's normalizer and pre-tokenizer, [CLS] and [SEP] around a text and between a pair's two, as
-llama.cpp's WPM tokenizer and BERT's tokenizer.json both split).
+BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does), "bert"
+(WordPiece, word-initial pieces marked ▁ where BERT's own vocabulary marks the others ##; BERT's
+normalizer and pre-tokenizer, [CLS] and [SEP] around a text and between a pair's two, as
+llama.cpp's WPM tokenizer and BERT's tokenizer.json both split) and "t5" (SentencePiece's Unigram,
+as XLM-R's tokenizer.json builds it: the precompiled character map, ▁-marked words, <s> a </s>).
 """
 
 from __future__ import annotations
@@ -95,9 +96,11 @@ def build_tokenizer(reader: GGUFReader) -> Tokenizer:
                                    metadata(reader, "tokenizer.ggml.add_space_prefix", True))
     elif kind == "bert":
         tokenizer = _wordpiece(reader, tokens, types)
+    elif kind == "t5":
+        tokenizer = _unigram(reader, tokens, types)
     else:
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r}; supported: gpt2 (byte-level BPE), "
-                         "llama (SentencePiece), bert (WordPiece)")
+                         "llama (SentencePiece), bert (WordPiece), t5 (Unigram)")
     # Control tokens (<|im_end|>, <s>) are special; user-defined ones (<think>) are matched whole but
     # are text. Both keep their ids: they are already in the vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -165,6 +168,34 @@ def _wordpiece(reader: GGUFReader, tokens: list[str], types: list[int]) -> Token
         single=f"{cls[0]}:0 $A:0 {sep[0]}:0", pair=f"{cls[0]}:0 $A:0 {sep[0]}:0 $B:1 {sep[0]}:1",
         special_tokens=[cls, sep])
     tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return tokenizer
+
+
+def _unigram(reader: GGUFReader, tokens: list[str], types: list[int]) -> Tokenizer:
+    """SentencePiece's Unigram as transformers' XLM-R tokenizer.json builds it: the file's
+    precompiled character map normalizes, words split at whitespace (extra whitespace removed, as
+    SentencePiece removes it where the file says so) are marked ▁ and cut by the pieces' scores;
+    <s> a </s>, and </s></s> between a pair's two, where the file adds them."""
+    def token_id(key: str) -> int | None:
+        return metadata(reader, f"tokenizer.ggml.{key}", None)
+
+    scores = metadata(reader, "tokenizer.ggml.scores")
+    tokenizer = Tokenizer(models.Unigram(list(zip(tokens, scores)), unk_id=token_id("unknown_token_id"),
+                                         byte_fallback=TokenType.BYTE in types))
+    charsmap = metadata(reader, "tokenizer.ggml.precompiled_charsmap", None)
+    if charsmap:
+        tokenizer.normalizer = normalizers.Precompiled(bytes(charsmap))
+    prepend = "always" if metadata(reader, "tokenizer.ggml.add_space_prefix", True) else "never"
+    words = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme=prepend, split=True)
+    if metadata(reader, "tokenizer.ggml.remove_extra_whitespaces", True):
+        words = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), words])
+    tokenizer.pre_tokenizer = words
+    bos, eos = token_id("bos_token_id"), token_id("eos_token_id")
+    if metadata(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None and eos is not None:
+        b, e = tokens[bos], tokens[eos]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{b}:0 $A:0 {e}:0", pair=f"{b}:0 $A:0 {e}:0 {e}:0 $B:0 {e}:0", special_tokens=[(b, bos), (e, eos)])
+    tokenizer.decoder = decoders.Metaspace(replacement=_SPACE, prepend_scheme=prepend, split=True)
     return tokenizer
 
 
