@@ -20,7 +20,8 @@ from tailrace.engine.structured_output.closing import TokenTable
 from tailrace.engine.structured_output.closing_schema import compile_schema
 from tailrace.engine.structured_output.json_closing import Closer
 from tailrace.engine.structured_output.regex_closing import PatternDfa, Unsupported
-from tailrace.engine.structured_output.grammar import GrammarCompiler, SequenceGrammar, schema_error
+from tailrace.engine.structured_output.grammar import GrammarCompiler, SequenceGrammar
+from tailrace.engine.structured_output.json_grammar import schema_error
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 from tailrace.tokenizer import load_tokenizer
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from closing_schemas import SCHEMAS
 from tailrace.engine.core import BudgetTooSmall
-from tailrace.engine.structured_output.grammar import schema_error
+from tailrace.engine.structured_output.json_grammar import schema_error
 from tailrace.llm import LLM
 from tailrace.sampling_params import SamplingParams, StructuredSpec
 

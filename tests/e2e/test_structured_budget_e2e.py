@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from closing_schemas import OBJECT_SCHEMAS, SCHEMAS
-from tailrace.engine.structured_output.grammar import schema_error
+from tailrace.engine.structured_output.json_grammar import schema_error
 
 from .conftest import API_KEY, MODEL
 from .test_structured_e2e import streamed_calls, streamed_content
