@@ -105,8 +105,9 @@ class ModelRunner:
                                        scratch_block, self.device)
         self.graphs = None
         # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
+        # An engine keeping no K/V never decodes.
         if (self.device.type == "cuda" and self.backends.attention.layout == "paged" and self.backends.attention.plain
-                and not config.enforce_eager and tp is None):
+                and not config.enforce_eager and tp is None and self.keeps_kv):
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
