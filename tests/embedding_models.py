@@ -169,9 +169,9 @@ def with_dense(folder: Path, directory: Path, widths: tuple[int, ...] = (32,), t
     return directory
 
 
-def save_embeddinggemma(directory: Path, seed: int = 0) -> Path:
+def save_embeddinggemma(directory: Path, seed: int = 0, layers: int = 3) -> Path:
     """EmbeddingGemma's layout, random and small: a Gemma 3 text model with bidirectional attention
-    (Gemma3TextModel; two sliding layers, whose window bites on the tests' texts, then a full one),
+    (Gemma3TextModel; sliding layers, whose window bites on the tests' texts, then a full one),
     mean pooling, two Dense modules without biases (out and back), normalized."""
     save_byte_level(directory / "base")
     settings_path = directory / "base" / "tokenizer_config.json"
@@ -181,9 +181,9 @@ def save_embeddinggemma(directory: Path, seed: int = 0) -> Path:
     vocab = Tokenizer.from_file(str(directory / "base" / "tokenizer.json")).get_vocab_size()
     torch.manual_seed(seed)
     config = transformers.Gemma3TextConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=512, sliding_window=8,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_bidirectional_attention=True,
+        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], use_bidirectional_attention=True,
         initializer_range=0.1)
     transformers.Gemma3TextModel(config).float().save_pretrained(directory / "base")
     write_modules(directory / "base", 64, "mean", True, max_seq_length=512)

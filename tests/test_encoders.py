@@ -172,6 +172,24 @@ def test_embeddinggemma_attends_both_ways_within_its_windows_as_sentence_transfo
                                                      "state, through 2 Dense module(s), normalized")
 
 
+def test_an_embeddinggemma_gguf_with_its_dense_modules_embeds_as_its_folder(llamacpp_tree, tmp_path):
+    # six layers: llama.cpp's gemma-embedding rule (five sliding, then a full one) is the checkpoint's
+    folder = save_embeddinggemma(tmp_path / "gemma", layers=6)
+    gguf = tmp_path / "gemma.gguf"
+    command = llamacpp.convert_command(llamacpp_tree, folder, "f32", gguf)
+    subprocess.run([*command, "--sentence-transformers-dense-modules"], check=True, capture_output=True)
+    assert resolve_task("auto", str(gguf))[0] == Pooling("mean", True)
+    texts = [*TEXTS, "a longer text, whose tokens reach past the sliding window on either side of most of them"]
+    tokenizer = load_tokenizer(str(folder))
+    prompts = [tokenizer.encode(t) for t in texts]
+    assert [load_tokenizer(str(gguf)).encode(t) for t in texts] == prompts
+    engine = core(gguf)
+    assert not engine.runner.model_config.causal and engine.runner.model.embedding_size == 64
+    from_folder = engine_vectors(core(folder), prompts, "mean")
+    from_gguf = engine_vectors(engine, prompts, "mean")
+    assert all(np.array_equal(a, b) for a, b in zip(from_folder, from_gguf))
+
+
 def test_nomic_bert_in_both_layouts_and_its_gguf_embeds_as_sentence_transformers(llamacpp_tree, tmp_path):
     ours, hub = save_nomic_models(tmp_path)
     texts = [*TEXTS, "search_query: what is the capital of france?"]

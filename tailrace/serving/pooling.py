@@ -67,12 +67,12 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
     BertModel: no language-model head), scores pairs with a sequence classifier (a cross-encoder),
     and generates with anything else."""
     root = Path(model_path)
-    encoder = gguf_encoder_pooling(model_path) if is_gguf(model_path) else None
-    if encoder is not None:
+    embedder = gguf_embedding_pooling(model_path) if is_gguf(model_path) else None
+    if embedder is not None:
         if option in ("generate", "score"):
-            raise ValueError(f"this GGUF is an encoder: it embeds and cannot {option}; serve it with --task embed "
-                             "or auto")
-        return encoder, f"task: embed (a GGUF encoder): {encoder.describe()}"
+            raise ValueError(f"this GGUF is an embedding model: it embeds and cannot {option}; serve it with "
+                             "--task embed or auto")
+        return embedder, f"task: embed (a GGUF embedding model): {embedder.describe()}"
     name = _class_name(root)
     if any(m.kind == "LogitScore" for m in st_modules(root)):
         if option in ("generate", "embed"):
@@ -137,12 +137,13 @@ def _check_modules(root: Path, modules: list[StModule]) -> None:
                          f"{', '.join(_ORDER)}")
 
 
-def gguf_encoder_pooling(model_path: str) -> Pooling | None:
-    """A GGUF encoder's pooling, as its metadata names it (llama.cpp's pooling_type), normalized
-    as llama.cpp's server normalizes its embeddings; None for any other GGUF."""
+def gguf_embedding_pooling(model_path: str) -> Pooling | None:
+    """A GGUF embedding model's pooling (an encoder's, or EmbeddingGemma's), as its metadata names
+    it (llama.cpp's pooling_type), normalized as llama.cpp's server normalizes its embeddings;
+    None for any other GGUF."""
     reader = gguf_file.open_gguf(model_path)
     arch = gguf_file.architecture(reader)
-    if not registry.GGUF_ARCHITECTURES[arch].encoder:
+    if not registry.gguf_embeds(arch):
         return None
     kind = gguf_file.metadata(reader, f"{arch}.pooling_type", None)
     if kind not in _GGUF_POOLING:

@@ -122,6 +122,8 @@ class Architecture:
 
     # GGUF: general.architecture, and what the metadata leaves to llama.cpp's fixed rules (gguf.py)
     gguf_arch: str = ""  # "": tailrace reads no GGUF file of it
+    # The GGUF name of its base model attending both ways, which embeds (Gemma 3's: EmbeddingGemma)
+    gguf_embedding_arch: str = ""
     gguf_permuted: bool = False  # llama.cpp's converter interleaved the rotary halves of q and k rows
     gguf_layer_names: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF_LAYER_NAMES)
     gguf_attention_bias: bool = False  # q/k/v have biases (gpt-oss)
@@ -150,7 +152,8 @@ ARCHITECTURES = (
                  base_name="Gemma3TextModel",
                  image_text_defaults=_GEMMA3_TEXT_DEFAULTS, bias_flag_covers_out=True, qk_norm=True,
                  norm_style="sandwich", gemma_scaling=True, sliding_period=6, gguf_arch="gemma3",
-                 gguf_layer_names=_GEMMA_GGUF_LAYER_NAMES, gguf_largest_layers=62, gguf_local_rope=True),
+                 gguf_embedding_arch="gemma-embedding", gguf_layer_names=_GEMMA_GGUF_LAYER_NAMES,
+                 gguf_largest_layers=62, gguf_local_rope=True),
     Architecture("Phi3ForCausalLM", ("phi3",), stored_fused=True, gguf_arch="phi3",
                  gguf_layer_names=_PHI3_GGUF_LAYER_NAMES, gguf_partial_rotary=True),
     Architecture("Qwen3MoeForCausalLM", ("qwen3_moe",), bias_flag_covers_out=True, qk_norm=True, moe="qwen3_moe",
@@ -179,9 +182,11 @@ _BY_IMAGE_TEXT_NAME = {entry.image_text_name: entry for entry in ARCHITECTURES i
 _BY_BASE_NAME = {entry.base_name: entry for entry in ARCHITECTURES if entry.base_name}
 _BY_CLASSIFIER_NAME = {entry.classifier_name: entry for entry in ARCHITECTURES if entry.classifier_name}
 _BY_MODEL_TYPE = {model_type: entry for entry in ARCHITECTURES for model_type in entry.model_types}
-# The first entry of each GGUF name is the one its dense files are (llama: Llama, not Mixtral).
-GGUF_ARCHITECTURES = {arch: next(e for e in ARCHITECTURES if e.gguf_arch == arch)
-                      for arch in dict.fromkeys(e.gguf_arch for e in ARCHITECTURES if e.gguf_arch)}
+# The first entry of each GGUF name is the one its dense files are (llama: Llama, not Mixtral); an
+# embedding model's GGUF name is its entry's.
+GGUF_ARCHITECTURES = {**{arch: next(e for e in ARCHITECTURES if e.gguf_arch == arch)
+                         for arch in dict.fromkeys(e.gguf_arch for e in ARCHITECTURES if e.gguf_arch)},
+                      **{e.gguf_embedding_arch: e for e in ARCHITECTURES if e.gguf_embedding_arch}}
 # Every class name config.json may give: the text models', the image-text ones', the base models'
 # and the classifiers'.
 SUPPORTED_NAMES = (frozenset(_BY_NAME) | frozenset(_BY_IMAGE_TEXT_NAME) | frozenset(_BY_BASE_NAME)
@@ -217,10 +222,17 @@ def image_text(name: str) -> Architecture | None:
     return _BY_IMAGE_TEXT_NAME.get(name)
 
 
+def gguf_embeds(arch: str) -> bool:
+    """Whether a GGUF file of general.architecture `arch` is an embedding model: an encoder's, or
+    a decoder's base model attending both ways (EmbeddingGemma's gemma-embedding)."""
+    entry = GGUF_ARCHITECTURES[arch]
+    return bool(entry.encoder) or arch == entry.gguf_embedding_arch
+
+
 def gguf_architecture(arch: str, experts: bool = False) -> Architecture:
     """The entry a GGUF file of general.architecture `arch` is: with `experts`, the one among its
     entries that has them, if any."""
-    entries = [e for e in ARCHITECTURES if e.gguf_arch == arch]
+    entries = [e for e in ARCHITECTURES if arch in (e.gguf_arch, e.gguf_embedding_arch)]
     if not entries:
         raise KeyError(arch)
     return next((e for e in entries if bool(e.moe) == experts), entries[0])

@@ -37,6 +37,9 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# An embedding model's Dense modules after pooling, in order, as llama.cpp's converter names them
+# (--sentence-transformers-dense-modules: EmbeddingGemma's 2_Dense and 3_Dense, without biases)
+_DENSE = ("dense_2", "dense_3")
 _LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -64,8 +67,10 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
     eos = [metadata(reader, f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
     experts = _experts_config(value, tensors)
     entry = registry.gguf_architecture(arch, bool(experts))
-    return {**_architecture_config(entry, value, tensors), **experts, **{
-        "architectures": [entry.name],
+    # an embedding model's base model attends both ways (EmbeddingGemma's: Gemma3TextModel)
+    embedding = {"use_bidirectional_attention": True} if arch == entry.gguf_embedding_arch else {}
+    return {**_architecture_config(entry, value, tensors), **experts, **embedding, **{
+        "architectures": [entry.base_name if embedding else entry.name],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
         "intermediate_size": value("feed_forward_length", 0),
@@ -75,7 +80,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
         "head_dim": value("attention.key_length", hidden // heads),
         "rms_norm_eps": value("attention.layer_norm_rms_epsilon", None if entry.encoder else REQUIRED),
         "rope_theta": value("rope.freq_base", 10000.0),
-        "rope_scaling": _rope_scaling(reader, entry, tensors),
+        "rope_scaling": _rope_scaling(reader, arch, entry, tensors),
         "max_position_embeddings": value("context_length"),
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
@@ -178,8 +183,8 @@ def _gemma_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
     return config
 
 
-def _rope_scaling(reader: GGUFReader, entry: registry.Architecture, tensors: dict[str, ReaderTensor]) -> dict | None:
-    arch = entry.gguf_arch
+def _rope_scaling(reader: GGUFReader, arch: str, entry: registry.Architecture,
+                  tensors: dict[str, ReaderTensor]) -> dict | None:
     if _ROPE_FREQS in tensors:
         return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
     if all(name in tensors for name in _LONGROPE_FACTORS):  # Phi-3's LongRoPE, its factors as tensors
@@ -252,6 +257,8 @@ def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iter
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS or tensor.name in _LONGROPE_FACTORS or tensor.name in skip:
             continue  # rope tensors are read into the config's rope scaling
+        if tensor.name.partition(".")[0] in _DENSE:
+            continue  # dense_weights reads them
         name = hf_name(tensor.name, arch)
         values = dequantize(tensor)
         if name.endswith("_exps.weight"):  # [experts, out, in]: each expert's as its own tensor
@@ -275,6 +282,13 @@ def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iter
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = unpermute_rotary(values, kv_heads)
         yield name, values
+
+
+def dense_weights(reader: GGUFReader) -> list[torch.Tensor]:
+    """An embedding model's Dense modules after pooling, in order: each one's weight [out, in]
+    (identity activation, no bias, as EmbeddingGemma's)."""
+    tensors = {t.name: t for t in reader.tensors}
+    return [dequantize(tensors[f"{name}.weight"]) for name in _DENSE if f"{name}.weight" in tensors]
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -91,6 +91,9 @@ def load_model(
     if os.path.isdir(path):
         model.dense.extend(_pooled_dense(path, torch_dtype, device))
         model.logit_score = logit_score_tokens(path)
+    elif is_gguf(path):
+        model.dense.extend(_dense_module(weight, None, "identity", torch_dtype, device)
+                           for weight in gguf.dense_weights(gguf_file.open_gguf(path)))
     if shard is not None:
         parallelize(model, config.vocab_size, shard)
     if quantization is not None:
@@ -104,16 +107,21 @@ def _pooled_dense(path: str, dtype: torch.dtype, device: str) -> list[PooledDens
     modules = []
     for module in dense_modules(path):
         weights = load_file(str(module.weights))
-        weight, bias = weights["linear.weight"], weights.get("linear.bias")
-        out_features, in_features = weight.shape
-        with torch.device(device):
-            linear = Linear(in_features, out_features, bias is not None, dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if bias is not None:
-                linear.bias.copy_(bias)
-        modules.append(PooledDense(linear, module.activation))
+        modules.append(_dense_module(weights["linear.weight"], weights.get("linear.bias"), module.activation, dtype,
+                                     device))
     return modules
+
+
+def _dense_module(weight: torch.Tensor, bias: torch.Tensor | None, activation: str, dtype: torch.dtype,
+                  device: str) -> PooledDense:
+    out_features, in_features = weight.shape
+    with torch.device(device):
+        linear = Linear(in_features, out_features, bias is not None, dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return PooledDense(linear, activation)
 
 
 def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantization: str | None,
