@@ -234,7 +234,7 @@ def _load_gguf_tokenizer(path: str) -> Tokenizer:
         chat_template=gguf_file.metadata(reader, "tokenizer.chat_template", None),
         # SentencePiece vocabularies add bos unless told not to; byte-level ones do not.
         add_bos=bool(gguf_file.metadata(reader, "tokenizer.ggml.add_bos_token",
-                                   gguf_file.metadata(reader, "tokenizer.ggml.model") == "llama")),
+                                        gguf_file.metadata(reader, "tokenizer.ggml.model") == "llama")),
     )
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -101,7 +100,7 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
         not_taken["elementwise kernels"] = why
     chosen = choose_attention(attention, str(device), model.dtype, model.config.head_dim, is_plain(model))
     if not keeps_kv:  # the layout only counts blocks; PyTorch's SDPA attends within the step
-        chosen = dataclasses.replace(chosen, kernel="pytorch", kept=False, not_taken=None)
+        chosen = replace(chosen, kernel="pytorch", kept=False, not_taken=None)
     if chosen.not_taken is not None:
         not_taken[f"attention on {'Triton' if device.type == 'cuda' else 'tailrace'}'s kernel"] = chosen.not_taken
     return Backends(device=str(device), dtype=str(model.dtype).removeprefix("torch."), isa=isa, pack_linears=pack,

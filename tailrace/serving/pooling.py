@@ -74,7 +74,8 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
                              "--task embed or auto")
         return embedder, f"task: embed (a GGUF embedding model): {embedder.describe()}"
     name = _class_name(root)
-    if any(m.kind == "LogitScore" for m in st_modules(root)):
+    kinds = {m.kind for m in st_modules(root)}
+    if "LogitScore" in kinds:
         if option in ("generate", "embed"):
             raise ValueError(f"this folder is a reranker (a LogitScore module): it scores pairs (/v1/score, "
                              f"/v1/rerank) and cannot {option}; serve it with --task score or auto")
@@ -89,7 +90,7 @@ def resolve_task(option: str, model_path: str) -> tuple[Pooling | None, str]:
     if option == "score":
         raise ValueError("--task score serves a sequence classifier (a cross-encoder); this model embeds: serve it "
                          "with --task embed, and /v1/score and /v1/rerank compare its embeddings")
-    pooling_modules = any(m.kind == "Pooling" for m in st_modules(root))
+    pooling_modules = "Pooling" in kinds
     base = name if registry.is_base_model(name) else None
     if option == "generate" and base:
         raise ValueError(f"{base} is a base model with no language-model head: it cannot generate; serve it "
