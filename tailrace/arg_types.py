@@ -8,6 +8,7 @@ import json
 import re
 
 from tailrace.engine.config import DEVICES
+from tailrace.engine.speculation.config import SpeculativeConfig, parse_speculative_config
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names
@@ -89,3 +90,11 @@ def device_name(text: str) -> str:
     if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(DEVICES)}, or cuda:N)")
     return text
+
+
+def speculative_config(text: str) -> SpeculativeConfig:
+    """--speculative-config's JSON, checked as the engine reads it."""
+    try:
+        return parse_speculative_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tailrace import envs
 from tailrace.arg_types import (DTYPE_NAMES, RefuseRemoteCode, SubcommandParser, device_name, dtype_name, fraction,
-                                json_string_list, tensor_parallel_size, token_count)
+                                json_string_list, speculative_config, tensor_parallel_size, token_count)
 from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.check.cli import add_check_parser, run_check
 from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
@@ -80,6 +80,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict-backends", action="store_true",
                         help="do not start where a CPU model would run any part on PyTorch's slower paths "
                              "(tailrace's kernels not built, or not taking some layer); the error says why")
+    parser.add_argument("--speculative-config", metavar="JSON", type=speculative_config,
+                        help="speculative decoding, as vLLM spells it: '{\"method\": \"ngram\", "
+                             "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' guesses up to 4 tokens a "
+                             "step from earlier text and keeps only those decoding without it would produce")
     parser.add_argument("--in-process", action="store_true",
                         help="run the engine core on a thread of this process (debugging)")
 
@@ -89,6 +93,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
                         enforce_eager=args.enforce_eager, strict_backends=args.strict_backends,
                         in_process=args.in_process,
                         tensor_parallel_size=args.tensor_parallel_size,
+                        speculative_config=args.speculative_config,
                         **{name: getattr(args, name) for name in _ENGINE_FLAGS})
 
 

@@ -139,6 +139,8 @@ class ServerMetrics:
         yield names.counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                             s.prefix_cache_hits)
         yield names.counter("num_preemptions", "Cumulative number of preemption from the engine.", s.num_preemptions)
+        if s.spec_accepted_per_position:  # speculative decoding is on
+            yield from _speculation(names, s)
         yield names.counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
         yield names.counter("generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
         success = CounterMetricFamily(names.prefix + "request_success", "Count of successfully processed requests.",
@@ -156,6 +158,17 @@ class ServerMetrics:
                               self.itl)
         yield names.histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                               self.e2e)
+
+
+def _speculation(names: _Names, s: EngineStats) -> Iterator[Metric]:
+    yield names.counter("spec_decode_num_drafts", "Number of spec decoding drafts.", s.spec_num_drafts)
+    yield names.counter("spec_decode_num_draft_tokens", "Number of draft tokens.", s.spec_num_draft_tokens)
+    yield names.counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.", s.spec_num_accepted_tokens)
+    per_position = CounterMetricFamily(names.prefix + "spec_decode_num_accepted_tokens_per_pos",
+                                       "Accepted tokens per draft position.", labels=[*names.labels, "position"])
+    for position, count in enumerate(s.spec_accepted_per_position):
+        per_position.add_metric([*names.labels.values(), str(position)], count)
+    yield per_position
 
 
 @dataclass(slots=True)

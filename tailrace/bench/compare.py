@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from time import monotonic
@@ -182,8 +183,10 @@ def _server_load(load: LoadConfig, port: int, server: PeerServer) -> LoadConfig:
 
 
 def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | None, log_dir: Path,
-               ready_timeout_s: float) -> tuple[list[LevelResult], Cells, dict[str, Any]]:
-    """Start one server, measure it at every level, stop it: (levels, cells, what it was)."""
+               ready_timeout_s: float, after: Callable[[str], None] | None = None,
+               ) -> tuple[list[LevelResult], Cells, dict[str, Any]]:
+    """Start one server, measure it at every level, call `after` with its URL, stop it: (levels,
+    cells, what it was)."""
     load_before = os.getloadavg()
     print(f"{name}: starting ({' '.join(server.command[:3])} ...); load average {_loads(load_before)}", flush=True)
     started = monotonic()
@@ -193,6 +196,8 @@ def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | N
         print(f"{name}: ready after {ready_s:.0f} s", flush=True)
         levels, cells = asyncio.run(_measure(name, load, cells))
         rss, peak_rss = process.memory()
+        if after is not None:
+            after(load.base_url)
     print(f"{name}: resident memory {rss / 2**30:.2f} GiB at the end, peaks {peak_rss / 2**30:.2f} GiB "
           f"(the server's processes)", flush=True)
     for level in levels:

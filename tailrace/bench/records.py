@@ -28,6 +28,7 @@ class RequestRecord:
     e2e: float = 0.0  # s from sending to the end of the stream
     output_tokens: int = 0  # usage.completion_tokens, else the number of content chunks
     content_chunks: int = 0
+    text: str = ""  # the answer, joined: what servers that must agree are compared on
 
 
 def chunk_text(choice: dict[str, Any]) -> str:
@@ -72,8 +73,9 @@ class StreamRecorder:
         if chunk.get("error") is not None:
             return self.fail(error_message(chunk["error"]))
         choices = chunk.get("choices") or ()
-        if choices and chunk_text(choices[0]):
+        if choices and (text := chunk_text(choices[0])):
             self._on_content(now)
+            self.record.text += text
         if usage := chunk.get("usage"):
             self._usage_tokens = usage.get("completion_tokens")
             self.record.prompt_tokens = usage.get("prompt_tokens") or self.record.prompt_tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from tailrace.engine.speculation.config import SpeculativeConfig, parse_speculative_config
 from tailrace.model.loading.hub import resolve_model
 
 EMBEDDED_MODEL = str(Path(__file__).resolve().parent.parent / "models" / "tiny")
@@ -43,9 +44,15 @@ class EngineConfig:
     # The server embeds or scores and never generates: a causal model then keeps no K/V either,
     # each prompt running whole (ModelRunner.keeps_kv)
     pooling_only: bool = False
+    # Guess tokens and verify them in one step (engine/speculation/); given as vLLM's JSON object
+    # or dict, kept parsed. None: decode one token a step.
+    speculative_config: SpeculativeConfig | dict | str | None = None
     # The local directory or GGUF file of `model`, resolved once; it travels with the config to the
     # core process, so a hub id is looked up (or downloaded) only in the process that started.
     _local_path: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.speculative_config = parse_speculative_config(self.speculative_config)
 
     @property
     def model_path(self) -> str:

@@ -9,10 +9,11 @@ from tailrace.engine.block_manager import BlockManager
 from tailrace.engine.structured_output.closing import FORCED_LOGPROB
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.messages import EngineRequest, SeqOutput
-from tailrace.engine.model_runner import LaunchedStep, ModelRunner
-from tailrace.engine.sampler import make_generator
+from tailrace.engine.model_runner import LaunchedStep, ModelRunner, StepResult
+from tailrace.engine.sampler import make_generator, replay_draws
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
+from tailrace.engine.speculation.speculator import Speculator, accepted_count
 from tailrace.engine.structured_output.grammar import GrammarCompiler
 from tailrace.engine.tensor_parallel.group import start_ranks
 from tailrace.engine.stats import EngineStats
@@ -69,8 +70,23 @@ class EngineCore:
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, self.runner.step_tokens, whole_prompts=whole)
         self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
+        self.speculator = self._speculator(config)
         self.requests: dict[str, list[Sequence]] = {}
         self._next_seq_id = 0
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        spec = config.speculative_config
+        if spec is None:
+            return None
+        if not self.runner.keeps_kv:
+            log.info("speculative decoding is off: this engine only pools")
+            return None
+        inexact = self.runner.backends.inexact()
+        log.info("speculative decoding: %s, up to %d tokens a step, suffixes of %d to %d tokens looked up; %s",
+                 spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+                 "the tokens and logprobs are plain decoding's, bit for bit" if inexact is None else
+                 f"tokens and logprobs may differ from plain decoding's in the last bits: {inexact}")
+        return Speculator(spec, self.max_model_len)
 
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request as params.n sibling sequences; ValueError if it can never run."""
@@ -144,7 +160,8 @@ class EngineCore:
         On CUDA this returns while the device computes, and until `collect` the caller may add
         requests and abort them (an aborted sequence's result is dropped); it must not launch again.
         """
-        sched = self.scheduler.schedule()
+        drafts = self.speculator.propose(self.scheduler.running) if self.speculator is not None else None
+        sched = self.scheduler.schedule(drafts)
         for seq in sched.preempted:
             self.runner.release(seq.seq_id)
             if not seq.prompt_logprobs_sent:
@@ -161,7 +178,9 @@ class EngineCore:
             seq, reached_end = item.seq, item.samples
             if seq.status is Status.FINISHED:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens += item.num_new_tokens
+            accepted = self._judge_draft(item, res) if item.draft else 0
+            # a rejected guess's K/V stays in its slots, unused, until a later token overwrites it
+            seq.num_computed_tokens += item.num_new_tokens - len(item.draft) + accepted
             self.blocks.register_full_blocks(seq)
             if res.prompt_logprobs is not None:
                 seq.prompt_logprobs = (seq.prompt_logprobs or []) + res.prompt_logprobs
@@ -171,8 +190,11 @@ class EngineCore:
                 seq.prompt_logprobs_sent = True
             if res.embedding is not None:
                 out.embedding, seq.finish_reason = res.embedding, "stop"
-            elif res.token_id is not None:
-                self._append(seq, res.token_id, res.logprob, out)
+            elif res.token_ids:
+                for token, logprob in zip(res.token_ids[:accepted + 1], res.logprobs):
+                    self._append(seq, token, logprob, out)
+                    if seq.finish_reason is not None:
+                        break
             elif reached_end and seq.max_tokens == 0:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
@@ -182,6 +204,15 @@ class EngineCore:
                 outputs.append(out)
         return outputs
 
+    def _judge_draft(self, item: ScheduledSeq, res: StepResult) -> int:
+        """How many of the item's guesses stand; a seeded generator is left where plain decoding
+        of the tokens kept leaves it."""
+        accepted = accepted_count(res.token_ids, item.draft)
+        if res.rng_state is not None and accepted + 1 < len(res.token_ids):
+            replay_draws(item.seq.generator, res.rng_state, accepted + 1)
+        self.speculator.record(item.seq, len(item.draft), accepted)
+        return accepted
+
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> None:
         if seq.grammar is not None:
             chosen = seq.grammar.choose(token, seq.max_tokens - len(seq.output_token_ids) - 1)
@@ -190,8 +221,10 @@ class EngineCore:
             seq.grammar.accept(token)
         seq.output_token_ids.append(token)
         out.new_token_ids.append(token)
-        if seq.params.logprobs is not None:
-            out.new_logprobs = [logprob] if logprob is not None else None
+        if seq.params.logprobs is not None and logprob is not None:
+            if out.new_logprobs is None:
+                out.new_logprobs = []
+            out.new_logprobs.append(logprob)
         params = seq.params
         if token in self.eos_token_ids and not params.ignore_eos:
             seq.finish_reason = "stop"
@@ -202,6 +235,8 @@ class EngineCore:
 
     def _finish(self, seq: Sequence) -> None:
         seq.grammar = None
+        if self.speculator is not None:
+            self.speculator.drop(seq.seq_id)
         self.scheduler.finish(seq)
         self.runner.release(seq.seq_id)
         siblings = self.requests.get(seq.request_id, [])
@@ -213,7 +248,7 @@ class EngineCore:
         self.runner.shutdown()
 
     def stats(self) -> EngineStats:
-        return EngineStats(
+        stats = EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_total_blocks=self.blocks.num_blocks, num_free_blocks=self.blocks.num_free_blocks,
             kv_usage=1.0 - self.blocks.num_free_blocks / self.blocks.num_blocks,
@@ -221,4 +256,10 @@ class EngineCore:
             prefix_cache_hits=self.blocks.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+        if self.speculator is not None:
+            spec = self.speculator.stats
+            stats.spec_num_drafts, stats.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
+            stats.spec_num_accepted_tokens = spec.num_accepted_tokens
+            stats.spec_accepted_per_position = list(spec.accepted_per_position)
+        return stats
 

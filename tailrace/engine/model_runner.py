@@ -42,8 +42,12 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class StepResult:
-    token_id: int | None = None  # None: this step did not reach the end of the sequence
-    logprob: TokenLogprob | None = None
+    # Empty: this step did not reach the end of the sequence. Otherwise one per position sampled:
+    # the known tokens' end, then each guess of the draft (token j is sampled after draft[:j]).
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    # A seeded sequence that verified a draft: its generator's state before the step's draws
+    rng_state: torch.Tensor | None = None
     prompt_logprobs: list[TokenLogprob] | None = None  # for the prompt tokens this chunk predicted
     embedding: list[float] | None = None  # a pooling sequence's vector, once its prompt is computed
 
@@ -54,7 +58,7 @@ class LogitRows:
 
     rows: list[int]  # rows of the batch, ascending
     prompt_spans: list[tuple[int, int, int, int]]  # (item, first index in rows, start pos, end pos)
-    samplers: list[tuple[int, int]]  # (item, index in rows)
+    samplers: list[tuple[int, int, int]]  # (item, index in rows, position in the item's draft)
     # Pooling sequences' rows whose final hidden states this step keeps (no logits): (item, rows)
     pooled: list[tuple[int, list[int]]] = field(default_factory=list)
 
@@ -65,10 +69,11 @@ class LaunchedStep:
 
     num_items: int
     prompt_logprobs: list[tuple[int, PendingLogprobs]]  # (item, its prompt logprobs)
-    sampled: PendingSample | None  # one row per sampling item, in order
-    sampling_items: list[int]
+    sampled: PendingSample | None  # one row per sampled position, in order
+    sampling_items: list[int]  # the item of each sampled row (an item verifying a draft has several)
     done: torch.cuda.Event | None  # recorded after the copies to the host; None on CPU
     embeddings: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (item, its pooled vector)
+    rng_states: dict[int, torch.Tensor] = field(default_factory=dict)  # item -> its generator before sampling
 
 
 class ModelRunner:
@@ -234,7 +239,7 @@ class ModelRunner:
             self.threads.start(inputs.input_ids.shape[0])
         self.cache.begin(inputs.batch)
         masks = self._start_masks(scheduled)
-        step = LaunchedStep(len(scheduled), [], None, [i for i, _ in need.samplers], None)
+        step = LaunchedStep(len(scheduled), [], None, [i for i, _, _ in need.samplers], None)
         if graph_size is not None:
             logits = take_rows(self.graphs.replay(graph_size), need.rows)
         elif need.pooled:
@@ -250,15 +255,21 @@ class ModelRunner:
                                             seq.params.prompt_logprobs or 0)
             step.prompt_logprobs.append((i, pending.to_host()))
         if need.samplers:
-            picked = take_rows(logits, [r for _, r in need.samplers])
+            picked = take_rows(logits, [r for _, r, _ in need.samplers])
             constrained: list[int] = []
             if masks is not None:
                 constrained, job = masks
                 row_of = {i: j for j, i in enumerate(step.sampling_items)}
                 job.apply(picked, [row_of[i] for i in constrained])
-            seqs = [scheduled[i].seq for i in step.sampling_items]
-            rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator, eos_token_ids,
-                                masked=i in constrained) for i, s in zip(step.sampling_items, seqs)]
+            rows = []
+            for i, _, j in need.samplers:
+                item = scheduled[i]
+                s = item.seq
+                if j == 0 and item.draft and s.generator is not None and not s.params.greedy:
+                    step.rng_states[i] = s.generator.get_state()  # before any of the step's draws
+                before = s.output_token_ids + item.draft[:j] if j else s.output_token_ids
+                rows.append(SamplingRow(s.params, s.prompt_token_ids, before, s.generator, eos_token_ids,
+                                        masked=i in constrained))
             step.sampled = start_sample(picked, rows, self.shared_generator).to_host()
         step.done = record_event(self.device)
         if tuned:
@@ -309,8 +320,10 @@ class ModelRunner:
         if step.sampled is not None:
             out = step.sampled.resolve()
             for j, i in enumerate(step.sampling_items):
-                results[i].token_id = out.token_ids[j]
-                results[i].logprob = out.logprobs[j]
+                results[i].token_ids.append(out.token_ids[j])
+                results[i].logprobs.append(out.logprobs[j])
+        for i, state in step.rng_states.items():
+            results[i].rng_state = state
         return results
 
     def _start_masks(self, scheduled: list[ScheduledSeq]) -> tuple[list[int], MaskJob] | None:
@@ -335,9 +348,9 @@ def _return_freed_heap() -> None:
 
 
 def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
-    """The rows that need logits: the last row of each item that samples, and the rows that
-    predict prompt tokens for prompt_logprobs; and apart, the rows whose hidden states pooling
-    sequences keep."""
+    """The rows that need logits: the last row of each item that samples (with a draft, its
+    guesses' rows too), and the rows that predict prompt tokens for prompt_logprobs; and apart,
+    the rows whose hidden states pooling sequences keep."""
     need = LogitRows([], [], [])
     for i, (item, sl) in enumerate(zip(scheduled, inputs.batch.seqs)):
         seq = item.seq
@@ -349,8 +362,10 @@ def _logit_rows(scheduled: list[ScheduledSeq], inputs: StepInputs) -> LogitRows:
                 need.prompt_spans.append((i, len(need.rows), start, end))
                 need.rows.extend(range(sl.q_start, sl.q_start + end - start))
         if item.samples and seq.max_tokens > 0:
-            need.samplers.append((i, len(need.rows)))
-            need.rows.append(sl.q_start + sl.q_len - 1)
+            guesses = len(item.draft)
+            for j in range(guesses + 1):
+                need.samplers.append((i, len(need.rows), j))
+                need.rows.append(sl.q_start + sl.q_len - 1 - guesses + j)
         if seq.params.pooling is not None:
             pooled = _pooled_rows(seq.params.pooling, seq.num_computed_tokens, sl.q_start, sl.q_len, item.samples)
             if pooled or item.samples:  # the last chunk pools what was kept, whether or not it adds rows

@@ -391,8 +391,21 @@ def _uniforms(rows: list[SamplingRow], shared_generator: torch.Generator | None)
         uniforms[shared] = torch.rand(len(shared), dtype=torch.float64, generator=shared_generator)
     for i, row in enumerate(rows):
         if row.generator is not None:
-            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=row.generator)
+            uniforms[i] = _draw(row.generator)
     return uniforms
+
+
+def _draw(generator: torch.Generator) -> torch.Tensor:
+    """A seeded row's uniform for one step."""
+    return torch.rand(1, dtype=torch.float64, generator=generator)
+
+
+def replay_draws(generator: torch.Generator, state: torch.Tensor, draws: int) -> None:
+    """Put `generator` where it stands `draws` steps after `state`: a verified step that drew
+    for more positions than it kept leaves the generator as plain decoding of the kept ones would."""
+    generator.set_state(state)
+    for _ in range(draws):
+        _draw(generator)
 
 
 def _invert_cdf(cdf: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Continuous batching under a per-step token budget.
 
 Running sequences get their next tokens first (a decode is one token, an unfinished prefill
-a chunk); waiting sequences are admitted with what is left (chunked prefill; an encoder's prompts
+a chunk; a decode may add the speculator's guesses where the budget and memory leave room for
+them after every running sequence's own token); waiting sequences are admitted with what is left (chunked prefill; an encoder's prompts
 only whole). When KV blocks run out, the newest running sequence is preempted: its blocks are
 freed and it is computed again later (its prefix may still be cached then).
 """
@@ -9,7 +10,7 @@ freed and it is computed again later (its prefix may still be cached then).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tailrace.engine.block_manager import BlockManager
 from tailrace.engine.sequence import Sequence, Status
@@ -18,12 +19,13 @@ from tailrace.engine.sequence import Sequence, Status
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # the draft's tokens included
+    draft: list[int] = field(default_factory=list)  # guessed tokens after the known ones, to verify
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the sequence's known tokens, so it yields a token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -55,7 +57,8 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> SchedulerOutput:
+        """The step: `drafts` are guesses by seq id (speculator.propose), kept where they fit."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
@@ -63,6 +66,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            draft = self._fitting_draft(drafts, seq, n, budget - n - (len(self.running) - i - 1))
+            n += len(draft)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -71,12 +76,21 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 break
-            scheduled.append(ScheduledSeq(seq, n))
+            scheduled.append(ScheduledSeq(seq, n, draft))
             budget -= n
             i += 1
         if not preempted:
             budget = self._admit(budget, scheduled)
         return SchedulerOutput(scheduled, preempted)
+
+    def _fitting_draft(self, drafts: dict[int, list[int]] | None, seq: Sequence, n: int, spare: int) -> list[int]:
+        """The part of seq's guess that fits the budget left after every running sequence's own
+        token, in memory free now: a guess never preempts anyone."""
+        draft = drafts.get(seq.seq_id) if drafts and n == 1 else None
+        if not draft or spare <= 0:
+            return []
+        draft = draft[:spare]
+        return draft if self.blocks.allocate(seq, seq.num_computed_tokens + n + len(draft)) else []
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         deferred: list[Sequence] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -15,3 +15,8 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
     prefix_cache_hits: int = 0  # of those, found cached
     num_preemptions: int = 0
+    # Speculative decoding, cumulative (speculation/speculator.SpecStats)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)

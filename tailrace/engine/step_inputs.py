@@ -62,7 +62,8 @@ class StepInputBuilder:
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
                 continue
-            ids += seq.token_slice(start, end)
+            ids += seq.token_slice(start, end - len(item.draft))
+            ids += item.draft  # guesses to verify follow the known tokens
             positions += range(start, end)
             for block in range(start // bs, -(-end // bs)):
                 offset = (table[block] - block) * bs  # slot of position p in this block: p + offset

@@ -68,6 +68,16 @@ class Backends:
         out.update({f"{name} not taken": why for name, why in self.not_taken.items()})
         return out
 
+    def inexact(self) -> str | None:
+        """Why a row's results may differ in the last bits with the step that computes it (its
+        chunk's length, its neighbours); None where they cannot, on tailrace's CPU kernels
+        throughout, so a token verified in a chunk is the token a decode step would give."""
+        if self.device != "cpu":
+            return "GPU kernels round a row by the shape of its batch"
+        if self.not_taken:
+            return "; ".join(f"{name} not taken ({why})" for name, why in self.not_taken.items())
+        return None
+
     def line(self, model: LlamaForCausalLM) -> str:
         return "backends: " + " | ".join(f"{k} = {v}" for k, v in self.record(model).items())
 

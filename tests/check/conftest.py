@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from e2e.conftest import model_dir, server_url  # noqa: F401  (fixtures, reused as they are)
+from e2e.conftest import model_dir, server_url, speculative_server_url  # noqa: F401  (fixtures, reused as they are)
 from e2e.conftest import free_port
 
 from tailrace.check.client import Client

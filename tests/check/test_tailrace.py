@@ -10,9 +10,9 @@ from tailrace.check.results import FAIL, IGNORED, SKIP, Result
 from .conftest import run_against
 
 
-@pytest.fixture(scope="module")
-def results(server_url: str) -> list[Result]:
-    return run_against(f"{server_url}/v1", API_KEY, MODEL)
+@pytest.fixture(scope="module", params=["server_url", "speculative_server_url"], ids=["plain", "speculative"])
+def results(request: pytest.FixtureRequest) -> list[Result]:
+    return run_against(f"{request.getfixturevalue(request.param)}/v1", API_KEY, MODEL)
 
 
 def test_tailrace_fails_no_check(results: list[Result]):

@@ -30,6 +30,8 @@ API_KEY = "test-key"
 MODEL = "tiny"
 MAX_NUM_SEQS = 32
 TP_SIZE = 2  # tp_server_url's ranks
+# speculative_server_url's: short suffixes and four guesses, so the embedded model guesses often
+SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 READY_TIMEOUT_S = 90.0
 RAY_READY_TIMEOUT_S = 240.0  # a Ray instance, its Serve controller and proxy, then the replicas
 # .ci/run's Ray step sets it: the same tests, against the Ray Serve app with two replicas.
@@ -130,6 +132,24 @@ def tp_server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> I
             yield url
     finally:
         del _server_logs["tensor-parallel server"]
+
+
+@pytest.fixture(scope="session")
+def speculative_server_url(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same server guessing tokens by n-gram lookup (SPECULATIVE_CONFIG), for the checks that
+    must hold with speculation on; it starts with the first test that asks for it."""
+    log_path = tmp_path_factory.mktemp("e2e-speculative-server") / "server.log"
+    name = f"speculative server ({log_path.parent.name})"  # tests/check reuses it too: see server_url
+    _server_logs[name] = log_path
+    try:
+        with contextlib.closing(serving([*_serve_args(model_dir), "--speculative-config",
+                                         orjson.dumps(SPECULATIVE_CONFIG).decode()], log_path)) as server:
+            url = next(server)
+            if "speculative decoding: ngram" not in log_path.read_text(errors="replace"):
+                pytest.fail(f"the server does not speculate:\n{log_tail(log_path)}")
+            yield url
+    finally:
+        del _server_logs[name]
 
 
 def _serve_args(model_dir: str) -> list[str]:

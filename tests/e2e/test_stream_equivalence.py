@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from .conftest import MODEL
+from .conftest import MODEL, THROUGH_RAY
 
 MAX_TOKENS = 16
 SEED = 1234
@@ -158,9 +159,15 @@ class Exchanges:
         return self.probes[key]
 
 
-@pytest.fixture(scope="module")
-def exchanges(http: httpx.Client) -> Exchanges:
-    return Exchanges(http)
+@pytest.fixture(scope="module", params=["plain"] if THROUGH_RAY else ["plain", "speculative"])
+def exchanges(request: pytest.FixtureRequest, http: httpx.Client, auth: dict[str, str]) -> Iterator[Exchanges]:
+    """The session's server, then the same one with speculative decoding on."""
+    if request.param == "plain":
+        yield Exchanges(http)
+        return
+    url = request.getfixturevalue("speculative_server_url")
+    with httpx.Client(base_url=url, headers=auth, timeout=60.0) as client:
+        yield Exchanges(client)
 
 
 # ---- joining a stream -------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Speculative decoding's gain: tailrace with and without n-gram speculation, and llama.cpp's server
+with and without its own n-gram speculation, on the same model and the same code-editing prompts,
+one server after another in the same run.
+
+    .venv/bin/python bench/speculative.py --shape smollm2-135m --dtype bfloat16 --concurrency 1,8,32 \
+        --llamacpp --out bench/out/spec-smollm2.json
+    .venv/bin/python bench/speculative.py --concurrency 1 --out bench/out/spec-embedded.json
+
+Each prompt holds a Python function from this interpreter's standard library and asks for it
+back with small changes: the answer mostly copies the prompt, the workload prompt lookup is for.
+Requests are greedy and streamed, each answering exactly --output-len tokens. The figure is output
+tokens a second over each level's requests; the answers of tailrace with and without speculation
+are compared text for text (they must be equal), and the speculating server's /metrics give the
+share of guessed tokens accepted. A shape's weights are seeded noise, so what a shape's model
+writes, and so how many guesses land, is not what the real model's would be: a shape measures
+what a step of guesses costs and gains on that model's work per token; the embedded model (real
+weights, 5M parameters) how guesses land on real text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import re
+import sys
+import sysconfig
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tailrace.bench.compare import (Cells, CompareConfig, _model_dir, _run_alone, _server_load, ours_server,
+                                    peer_settings)
+from tailrace.bench.peers import llamacpp
+from tailrace.bench.records import LevelResult
+from tailrace.bench.report import summarize
+from tailrace.bench.serve import LoadConfig, Workload
+from tailrace.bench.shapes import SHAPES
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+LLAMACPP_NGRAM = "--spec-type ngram-simple"  # its defaults: a 12-token key, up to 48 tokens guessed
+SOURCES = ("textwrap.py", "shlex.py", "fnmatch.py", "ipaddress.py", "json/decoder.py", "json/encoder.py",
+           "csv.py", "calendar.py", "difflib.py", "string.py", "heapq.py", "bisect.py")
+TASK = ("Rewrite this Python function so that it reads better: keep its behaviour, rename nothing "
+        "public, and change only what needs changing.\n\n```python\n{code}\n```\n")
+
+
+def code_functions(min_lines: int = 12, max_lines: int = 40) -> list[str]:
+    """Functions of --min to --max lines from the standard library's SOURCES, in file order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for name in SOURCES:
+        text = (stdlib / name).read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and min_lines <= node.end_lineno - node.lineno + 1 <= max_lines:
+                body = lines[node.lineno - 1:node.end_lineno]
+                indent = len(body[0]) - len(body[0].lstrip())
+                found.append("\n".join(line[indent:] for line in body))
+    return found
+
+
+def code_cells(levels: int, num_prompts: int, seed: int) -> Cells:
+    functions = code_functions()
+    rng = random.Random(seed)
+    picks = rng.sample(functions, 1 + levels * num_prompts)
+    prompts = [TASK.format(code=code) for code in picks]
+    workloads = [Workload(prompts[1 + i * num_prompts:1 + (i + 1) * num_prompts], 1.3, False) for i in range(levels)]
+    return Cells(prompts[0], workloads)
+
+
+def acceptance(base_url: str) -> dict[str, float]:
+    """The speculating server's vllm:spec_decode_* counters."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    counts = {name: float(value) for name, value in
+              re.findall(r"^vllm:spec_decode_(num_\w+?)_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+              if "per_pos" not in name}
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="a model directory or GGUF (default: the embedded model)")
+    parser.add_argument("--shape", choices=sorted(SHAPES))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--peer-quant", choices=("Q8_0", "Q4_0"))
+    parser.add_argument("--ours-args", default="", help="more `tailrace serve` flags for both tailrace servers")
+    parser.add_argument("--concurrency", default="1")
+    parser.add_argument("--num-prompts", type=int, default=8, help="requests per level")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--speculative-config", default=NGRAM)
+    parser.add_argument("--llamacpp", action="store_true", help="llama.cpp's server too, without and with n-grams")
+    parser.add_argument("--llamacpp-spec", default=LLAMACPP_NGRAM, help="llama-server's speculation flags")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    load = LoadConfig(endpoint="chat", concurrency=concurrency, num_prompts=args.num_prompts,
+                      input_len=700, output_len=args.output_len, seed=args.seed, progress=False)
+    config = CompareConfig(load=load, peers=[llamacpp.NAME] if args.llamacpp else [], model_dir=args.model,
+                           shape=args.shape, dtype=args.dtype, peer_quant=args.peer_quant)
+    if args.llamacpp:
+        llamacpp.ensure_installed(config.peers_dir / llamacpp.NAME)
+    cells = code_cells(len(concurrency), args.num_prompts, args.seed)
+    runs: dict[str, list[LevelResult]] = {}
+    servers: dict[str, dict[str, Any]] = {}
+    accepted: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="tailrace-spec-") as tmp:
+        model_dir = _model_dir(config, Path(tmp))
+        variants = [("tailrace", None), ("tailrace+ngram", ["--speculative-config", args.speculative_config])]
+        if args.llamacpp:
+            variants += [("llama.cpp", []), ("llama.cpp+ngram", args.llamacpp_spec.split())]
+        for name, extra in variants:
+            settings = peer_settings(config, model_dir)
+            if name.startswith("tailrace"):
+                config.ours_args = args.ours_args.split() + (extra or [])
+                server = ours_server(config, settings)
+            else:
+                settings.llamacpp_args = extra
+                server = llamacpp.launch(config.peers_dir / llamacpp.NAME, settings)
+            server_load = _server_load(load, settings.port, server)
+            levels, _, servers[name] = _run_alone(name, server, server_load, cells, Path(tmp), 900.0,
+                                                  after=(lambda url: accepted.update(acceptance(url)))
+                                                  if name == "tailrace+ngram" else None)
+            runs[name] = levels
+    report(runs, accepted, concurrency)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"shape": args.shape, "model": args.model, "dtype": args.dtype, "peer_quant": args.peer_quant,
+                "speculative_config": args.speculative_config, "llamacpp_spec": args.llamacpp_spec,
+                "ours_args": args.ours_args, "servers": servers, "acceptance": accepted,
+                "command": " ".join(sys.argv)}
+        args.out.write_text(json.dumps({"meta": meta, "levels": {n: [asdict(lv) for lv in levels]
+                                                                 for n, levels in runs.items()}}, indent=1))
+        print(f"wrote {args.out}")
+
+
+def report(runs: dict[str, list[LevelResult]], accepted: dict[str, float], concurrency: list[int]) -> None:
+    names = list(runs)
+    print(f"\n{'c':>3} " + "".join(f"{n:>17}" for n in names) + f"{'ngram/plain':>13}"
+          + (f"{'vs llama.cpp+ngram':>20}{'llama.cpp gain':>16}" if "llama.cpp" in runs else "") + f"{'same text':>11}")
+    for i, c in enumerate(concurrency):
+        tps = {n: summarize(runs[n][i]).output_throughput for n in names}
+        plain = [r.text for r in runs["tailrace"][i].records]
+        guessed = [r.text for r in runs["tailrace+ngram"][i].records]
+        line = f"{c:>3} " + "".join(f"{tps[n]:>17.2f}" for n in names)
+        line += f"{tps['tailrace+ngram'] / tps['tailrace']:>12.2f}x"
+        if "llama.cpp" in runs:
+            line += f"{tps['tailrace+ngram'] / tps['llama.cpp+ngram']:>19.2f}x"
+            line += f"{tps['llama.cpp+ngram'] / tps['llama.cpp']:>15.2f}x"
+        line += f"{sum(a == b for a, b in zip(plain, guessed)):>7}/{len(plain)}"
+        print(line)
+    if accepted.get("num_draft_tokens"):
+        print(f"tailrace+ngram: {accepted['num_accepted_tokens']:.0f} of {accepted['num_draft_tokens']:.0f} "
+              f"guessed tokens accepted ({accepted['num_accepted_tokens'] / accepted['num_draft_tokens']:.0%}) "
+              f"in {accepted['num_drafts']:.0f} guesses")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Which tokens each decoding sequence guesses this step, which of them stand, and the counts.
+
+A guess stands only where the model, sampling at its position exactly as plain decoding would
+(same logits bits, same penalties over the tokens before it, the same random draw), picks that
+very token. So the tokens kept are plain decoding's tokens, and the first token that differs is
+plain decoding's too: each verified step yields one token more than it accepted.
+
+How many to guess adapts per sequence: one more than the last step accepted, up to
+num_speculative_tokens; after a guess with nothing accepted the sequence stops guessing for a
+number of steps that doubles with each such miss (up to MAX_PAUSE) and resets on a hit. A guess
+that misses costs its rows in the step; this keeps that cost rare where guesses do not land.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tailrace.engine.sequence import Sequence
+from tailrace.engine.speculation.config import SpeculativeConfig
+from tailrace.engine.speculation.ngram import NgramIndex
+
+MAX_PAUSE = 16
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Cumulative counts, named as vLLM's vllm:spec_decode_* counters."""
+
+    num_drafts: int = 0  # sequence-steps that verified a guess
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [j]: guesses accepted at position j
+
+
+@dataclass(slots=True)
+class _Guessing:
+    index: NgramIndex
+    k: int  # how many to guess next
+    pause: int = 0  # steps left without guessing
+    backoff: int = 1  # the pause after the next miss
+
+
+def accepted_count(sampled: list[int], draft: list[int]) -> int:
+    """How many of the draft's tokens plain decoding produces: the longest prefix in which each
+    equals the token sampled at its position (`sampled[j]` is sampled after draft[:j])."""
+    m = 0
+    while m < len(draft) and sampled[m] == draft[m]:
+        m += 1
+    return m
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._seqs: dict[int, _Guessing] = {}
+
+    def propose(self, running: list[Sequence]) -> dict[int, list[int]]:
+        """The guesses of the running sequences that decode this step, by seq id. A sequence under
+        a grammar, or pooling, or with one token left to make, guesses nothing."""
+        drafts = {}
+        for seq in running:
+            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.grammar is not None or seq.params.pooling:
+                continue
+            # the guesses and the token after them must fit max_tokens and the context
+            room = min(seq.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens + 1) - 1
+            state = self._seqs.get(seq.seq_id)
+            if state is None:
+                c = self.config
+                state = self._seqs[seq.seq_id] = _Guessing(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max),
+                                                           c.num_speculative_tokens)
+            if state.pause:
+                state.pause -= 1
+                continue
+            if room > 0 and (draft := state.index.propose(seq, min(state.k, room))):
+                drafts[seq.seq_id] = draft
+        return drafts
+
+    def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
+        """What the step made of a sequence's guess of `proposed` tokens."""
+        s = self.stats
+        s.num_drafts += 1
+        s.num_draft_tokens += proposed
+        s.num_accepted_tokens += accepted
+        for j in range(accepted):
+            s.accepted_per_position[j] += 1
+        state = self._seqs.get(seq.seq_id)
+        if state is None:
+            return
+        state.k = min(self.config.num_speculative_tokens, accepted + 1)
+        if accepted:
+            state.backoff = 1
+        else:
+            state.pause, state.backoff = state.backoff, min(2 * state.backoff, MAX_PAUSE)
+
+    def drop(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
