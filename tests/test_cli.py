@@ -93,8 +93,8 @@ def test_speculative_config_is_read_as_vllm_writes_it(capsys):
     config = engine_config_from(parse("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'))
     assert (config.speculative_config.method, config.speculative_config.num_speculative_tokens) == ("ngram", 3)
     assert engine_config_from(parse()).speculative_config is None
-    err = refused(capsys, "serve", "--speculative-config", '{"model": "/drafts/0.5b", "num_speculative_tokens": 3}')
-    assert "draft model is not served yet" in err and "usage: tailrace serve" in err
+    err = refused(capsys, "serve", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}')
+    assert "'eagle' is not served" in err and "usage: tailrace serve" in err
 
 
 def test_trust_remote_code_is_refused(capsys):

@@ -100,8 +100,8 @@ def test_a_prompt_runs_whole_never_chunked(embedder):
     assert small.scheduler.max_num_batched_tokens == 16
     schedule, seen = small.scheduler.schedule, []
 
-    def recording():
-        out = schedule()
+    def recording(*args):
+        out = schedule(*args)
         seen.extend((item.seq.num_computed_tokens, item.num_new_tokens, item.seq.num_tokens) for item in out.scheduled)
         return out
 

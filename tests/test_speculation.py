@@ -15,7 +15,7 @@ from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.engine.sampler import make_generator, replay_draws
 from tailrace.engine.sequence import Sequence
 from tailrace.engine.speculation.config import SpeculativeConfig, parse_speculative_config
-from tailrace.engine.speculation.ngram import NgramIndex
+from tailrace.engine.speculation.ngram import NgramIndex, NgramProposer
 from tailrace.engine.speculation.speculator import MAX_PAUSE, Speculator, accepted_count
 from tailrace.sampling_params import SamplingParams
 
@@ -41,13 +41,20 @@ def test_config_reads_vllms_json_and_defaults_the_window_as_vllm_does():
     ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer"),
     ({"method": "ngram", "num_speculative_tokens": True}, "positive integer"),
     ({"method": "eagle", "num_speculative_tokens": 2}, "'eagle' is not served"),
-    ({"model": "/some/draft", "num_speculative_tokens": 2}, "draft model is not served"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+    ({"method": "ngram", "model": "/some/draft", "num_speculative_tokens": 2}, "takes none"),
+    ({"model": "/some/draft", "num_speculative_tokens": 2, "prompt_lookup_max": 2}, "unknown speculative config"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "over"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 2}, "unknown speculative config keys"),
 ])
 def test_bad_configs_are_refused_naming_what_is_wrong(bad, words):
     with pytest.raises(ValueError, match=words):
         parse_speculative_config(bad)
+
+
+def test_a_model_means_a_draft_model_as_in_vllm():
+    assert parse_speculative_config({"model": "/drafts/0.5b", "num_speculative_tokens": 3}) == \
+        SpeculativeConfig("draft_model", 3, model="/drafts/0.5b")
 
 
 def test_engine_config_keeps_the_config_parsed():
@@ -105,8 +112,12 @@ def test_accepted_count_is_the_prefix_where_the_sampled_tokens_are_the_guesses()
     assert accepted_count([4, 6, 7], [5, 6]) == 0
 
 
+def ngram_speculator(k: int, max_model_len: int) -> Speculator:
+    return Speculator(SpeculativeConfig("ngram", k, 1, 1), max_model_len, NgramProposer(1, 1))
+
+
 def test_guesses_shrink_after_a_miss_pause_after_a_total_miss_and_grow_back():
-    spec = Speculator(SpeculativeConfig("ngram", 4, 1, 1), max_model_len=10_000)
+    spec = ngram_speculator(4, max_model_len=10_000)
     seq = seq_of([1, 2] * 20, 4)
     assert spec.propose([seq]) == {0: [1, 2, 1, 2]}
     spec.record(seq, 4, 1)
@@ -127,11 +138,11 @@ def test_guesses_shrink_after_a_miss_pause_after_a_total_miss_and_grow_back():
 
 
 def test_guesses_leave_room_for_one_token_within_max_tokens_and_the_context():
-    spec = Speculator(SpeculativeConfig("ngram", 4, 1, 1), max_model_len=10_000)
+    spec = ngram_speculator(4, max_model_len=10_000)
     tokens = [1, 2] * 20
     assert spec.propose([seq_of(tokens, 4, max_tokens=40)]) == {0: [1, 2, 1]}  # 36 made, 4 left
     assert spec.propose([seq_of(tokens, 4, max_tokens=37)]) == {}
-    spec = Speculator(SpeculativeConfig("ngram", 4, 1, 1), max_model_len=42)
+    spec = ngram_speculator(4, max_model_len=42)
     assert spec.propose([seq_of(tokens, 4)]) == {0: [1, 2]}  # 40 tokens: positions 40 and 41 are left
 
 
@@ -250,3 +261,54 @@ def test_the_context_limit_ends_a_guessing_sequence_where_it_ends_a_plain_one(em
     got = run(spec, {"r": (p, params)})
     assert got == run(core_of(None, max_model_len=limit), {"r": (p, params)})
     assert len(got["r"][0][0]) == 23
+
+
+# ---- a draft model ----------------------------------------------------------------------------------
+
+def tiny_prompts(k: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 250) for _ in range(rng.randrange(4, 60))] for _ in range(k)]
+
+
+def draft(path: str, k: int = 3) -> dict:
+    return {"model": path, "num_speculative_tokens": k}
+
+
+def test_a_draft_model_keeps_plain_decodings_tokens_whether_its_guesses_land_or_not(tiny_checkpoint, tmp_path):
+    from conftest import make_tiny_checkpoint
+
+    other = str(make_tiny_checkpoint(tmp_path / "other", seed=1))
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=30, temperature=0.7, seed=3, ignore_eos=True, logprobs=1),
+              SamplingParams(n=2, max_tokens=20, temperature=1.0, seed=5, ignore_eos=True)]
+    requests = {f"{i}-{j}": (p, sp) for i, p in enumerate(tiny_prompts(6, seed=7)) for j, sp in enumerate(params)}
+    plain = run(core_of(None, model=tiny_checkpoint), requests)
+    itself = core_of(draft(tiny_checkpoint), model=tiny_checkpoint)
+    assert run(itself, requests) == plain
+    stats = itself.speculator.stats
+    assert stats.num_accepted_tokens > 0.5 * stats.num_draft_tokens  # the same model guesses greedy tokens right
+    stranger = core_of(draft(other), model=tiny_checkpoint)
+    assert run(stranger, requests) == plain
+    assert stranger.speculator.stats.num_draft_tokens > 0
+
+
+def test_a_draft_model_under_chunking_and_preemption_changes_nothing(tiny_checkpoint):
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    requests = {str(i): (p, params) for i, p in enumerate(tiny_prompts(8, seed=8))}
+    plain = run(core_of(None, model=tiny_checkpoint), requests)
+    tight = core_of(draft(tiny_checkpoint, k=4), model=tiny_checkpoint, num_kv_blocks=24, block_size=8,
+                    max_num_batched_tokens=24)
+    assert run(tight, requests) == plain
+    assert tight.scheduler.num_preemptions > 0 and tight.speculator.stats.num_accepted_tokens > 0
+    assert tight.blocks.num_free_blocks == 24
+    assert tight.speculator.proposer.blocks.num_free_blocks == tight.speculator.proposer.runner.num_blocks
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(embedded_model, tiny_checkpoint):
+    with pytest.raises(ValueError, match="share the served model's tokenizer"):
+        core_of(draft(tiny_checkpoint))
+
+
+def test_a_missing_draft_model_is_named_before_anything_loads(tmp_path):
+    with pytest.raises(ValueError, match="nowhere"):
+        EngineConfig(speculative_config=draft(str(tmp_path / "nowhere"))).validate()

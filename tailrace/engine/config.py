@@ -63,6 +63,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         _ = self.model_path  # resolving finds the model, or raises naming it
+        if self.speculative_config is not None and self.speculative_config.model is not None:
+            resolve_model(self.speculative_config.model, None)  # the draft model too
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

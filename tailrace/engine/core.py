@@ -13,6 +13,8 @@ from tailrace.engine.model_runner import LaunchedStep, ModelRunner, StepResult
 from tailrace.engine.sampler import make_generator, replay_draws
 from tailrace.engine.scheduler import ScheduledSeq, Scheduler
 from tailrace.engine.sequence import Sequence, Status
+from tailrace.engine.speculation.draft_model import DraftModel
+from tailrace.engine.speculation.ngram import NgramProposer
 from tailrace.engine.speculation.speculator import Speculator, accepted_count
 from tailrace.engine.structured_output.grammar import GrammarCompiler
 from tailrace.engine.tensor_parallel.group import start_ranks
@@ -81,12 +83,18 @@ class EngineCore:
         if not self.runner.keeps_kv:
             log.info("speculative decoding is off: this engine only pools")
             return None
+        if spec.method == "ngram":
+            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+            how = f"suffixes of {spec.prompt_lookup_min} to {spec.prompt_lookup_max} tokens looked up"
+        else:
+            proposer = DraftModel(spec.model, config, self.runner.model_config.vocab_size, self.max_model_len)
+            how = f"guessed by {spec.model}, on its own KV cache of {proposer.runner.num_blocks} blocks"
         inexact = self.runner.backends.inexact()
-        log.info("speculative decoding: %s, up to %d tokens a step, suffixes of %d to %d tokens looked up; %s",
-                 spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+        log.info("speculative decoding: %s, up to %d tokens a step, %s; %s", spec.method,
+                 spec.num_speculative_tokens, how,
                  "the tokens and logprobs are plain decoding's, bit for bit" if inexact is None else
                  f"tokens and logprobs may differ from plain decoding's in the last bits: {inexact}")
-        return Speculator(spec, self.max_model_len)
+        return Speculator(spec, self.max_model_len, proposer)
 
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request as params.n sibling sequences; ValueError if it can never run."""

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # vLLM's default window when neither bound is given.
 DEFAULT_LOOKUP = 5
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    method: str  # "ngram": prompt lookup
+    method: str  # "ngram": prompt lookup; "draft_model": a smaller model's greedy tokens
     num_speculative_tokens: int  # the most tokens proposed per sequence per step
-    prompt_lookup_min: int  # the shortest suffix of the sequence looked up
-    prompt_lookup_max: int  # the longest
+    prompt_lookup_min: int = DEFAULT_LOOKUP  # ngram: the shortest suffix of the sequence looked up
+    prompt_lookup_max: int = DEFAULT_LOOKUP  # ngram: the longest
+    model: str | None = None  # draft_model: its directory, GGUF file or hub id
 
 
 def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -34,12 +35,20 @@ def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> Sp
     method = given.pop("method", None)
     if method == "[ngram]":  # vLLM's older spelling
         method = "ngram"
-    if "model" in given and method in (None, "draft_model"):
-        raise ValueError("speculative decoding with a draft model is not served yet; "
-                         'use {"method": "ngram"}')
+    model = given.pop("model", None)
+    if method is None and model is not None:  # vLLM's default with a model
+        method = "draft_model"
     if method not in METHODS:
         raise ValueError(f"speculative method {method!r} is not served; served: {', '.join(METHODS)}")
     k = _positive(given.pop("num_speculative_tokens", None), "num_speculative_tokens", required=True)
+    if method == "draft_model":
+        if not isinstance(model, str) or not model:
+            raise ValueError('a draft model needs "model": its directory, GGUF file or hub id')
+        if given:
+            raise ValueError(f"unknown speculative config keys for a draft model: {', '.join(sorted(given))}")
+        return SpeculativeConfig(method, k, model=model)
+    if model is not None:
+        raise ValueError('"model" names a draft model; the ngram method takes none')
     low = _positive(given.pop("prompt_lookup_min", None), "prompt_lookup_min")
     high = _positive(given.pop("prompt_lookup_max", None), "prompt_lookup_max")
     if low is None and high is None:

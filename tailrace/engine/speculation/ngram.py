@@ -37,3 +37,25 @@ class NgramIndex:
                 span = seq.token_slice(end, min(end + k, length))
                 return [span[i % len(span)] for i in range(k)]
         return []
+
+
+class NgramProposer:
+    """Each guessing sequence's index, kept while it runs."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+        self._indexes: dict[int, NgramIndex] = {}
+
+    def propose(self, asks: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Up to k guesses for each (sequence, k) that has an earlier occurrence to follow."""
+        drafts = {}
+        for seq, k in asks:
+            index = self._indexes.get(seq.seq_id)
+            if index is None:
+                index = self._indexes[seq.seq_id] = NgramIndex(self.low, self.high)
+            if draft := index.propose(seq, k):
+                drafts[seq.seq_id] = draft
+        return drafts
+
+    def drop(self, seq_id: int) -> None:
+        self._indexes.pop(seq_id, None)

@@ -14,10 +14,10 @@ that misses costs its rows in the step; this keeps that cost rare where guesses 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tailrace.engine.sequence import Sequence
 from tailrace.engine.speculation.config import SpeculativeConfig
-from tailrace.engine.speculation.ngram import NgramIndex
 
 MAX_PAUSE = 16
 
@@ -32,9 +32,18 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [j]: guesses accepted at position j
 
 
+class Proposer(Protocol):
+    """Where guesses come from: ngram.NgramProposer or draft_model.DraftModel."""
+
+    def propose(self, asks: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Up to k guessed tokens for each (sequence, k), by seq id; none for some is fine."""
+
+    def drop(self, seq_id: int) -> None:
+        """The sequence finished: forget it."""
+
+
 @dataclass(slots=True)
 class _Guessing:
-    index: NgramIndex
     k: int  # how many to guess next
     pause: int = 0  # steps left without guessing
     backoff: int = 1  # the pause after the next miss
@@ -50,16 +59,17 @@ def accepted_count(sampled: list[int], draft: list[int]) -> int:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.proposer = proposer
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self._seqs: dict[int, _Guessing] = {}
 
     def propose(self, running: list[Sequence]) -> dict[int, list[int]]:
         """The guesses of the running sequences that decode this step, by seq id. A sequence under
         a grammar, or pooling, or with one token left to make, guesses nothing."""
-        drafts = {}
+        asks = []
         for seq in running:
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.grammar is not None or seq.params.pooling:
                 continue
@@ -67,15 +77,13 @@ class Speculator:
             room = min(seq.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens + 1) - 1
             state = self._seqs.get(seq.seq_id)
             if state is None:
-                c = self.config
-                state = self._seqs[seq.seq_id] = _Guessing(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max),
-                                                           c.num_speculative_tokens)
+                state = self._seqs[seq.seq_id] = _Guessing(self.config.num_speculative_tokens)
             if state.pause:
                 state.pause -= 1
                 continue
-            if room > 0 and (draft := state.index.propose(seq, min(state.k, room))):
-                drafts[seq.seq_id] = draft
-        return drafts
+            if room > 0:
+                asks.append((seq, min(state.k, room)))
+        return self.proposer.propose(asks) if asks else {}
 
     def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """What the step made of a sequence's guess of `proposed` tokens."""
@@ -96,3 +104,4 @@ class Speculator:
 
     def drop(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
+        self.proposer.drop(seq_id)
