@@ -27,6 +27,7 @@ import ast
 import json
 import random
 import re
+import shlex
 import statistics
 import sys
 import sysconfig
@@ -137,7 +138,7 @@ def main() -> None:
         meta = {"workload": args.workload, "temperature": args.temperature, "shape": args.shape, "model": args.model,
                 "dtype": args.dtype, "peer_quant": args.peer_quant, "speculative_config": args.speculative_config,
                 "llamacpp_spec": args.llamacpp_spec, "ours_args": args.ours_args, "servers": servers,
-                "acceptance": accepted, "command": " ".join(sys.argv)}
+                "acceptance": accepted, "command": shlex.join(sys.argv)}
         levels = [{n: [asdict(lv) for lv in levels] for n, levels in runs.items()} for runs in passes]
         args.out.write_text(json.dumps({"meta": meta, "passes": levels}, indent=1))
         print(f"wrote {args.out}")

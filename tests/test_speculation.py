@@ -312,3 +312,16 @@ def test_a_draft_model_of_another_vocabulary_is_refused(embedded_model, tiny_che
 def test_a_missing_draft_model_is_named_before_anything_loads(tmp_path):
     with pytest.raises(ValueError, match="nowhere"):
         EngineConfig(speculative_config=draft(str(tmp_path / "nowhere"))).validate()
+
+
+def test_a_draft_model_read_from_a_quantized_gguf_guesses_for_its_float_original(embedded_model, tmp_path):
+    from gguf import GGMLQuantizationType as Q
+    from gguf_writer import write_gguf
+
+    gguf_draft = str(write_gguf(tmp_path / "draft-q8_0.gguf", Q.Q8_0))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=1)
+    requests = {str(i): (p, params) for i, p in enumerate(repetitive_prompts(4, seed=11))}
+    spec = core_of(draft(gguf_draft, k=4))
+    assert run(spec, requests) == run(core_of(None), requests)
+    stats = spec.speculator.stats
+    assert stats.num_accepted_tokens > 0.5 * stats.num_draft_tokens
