@@ -89,10 +89,11 @@ def assert_logprobs_close(want, got) -> None:
         assert all(abs(x - y) <= ATOL for (_, x), (_, y) in zip(a.top, b.top))
 
 
-def assert_same_generation(path: str, vocab: int, **engine: object) -> None:
+def assert_same_generation(path: str, vocab: int, two_only: dict | None = None, **engine: object) -> EngineCore:
+    """Two ranks (with `two_only` set too) generate what one does; the two ranks' core, shut down."""
     requests = workload(vocab)
     one = run(EngineCore(EngineConfig(model=path, dtype="float32", **engine)), requests)
-    core = EngineCore(EngineConfig(model=path, dtype="float32", tensor_parallel_size=2, **engine))
+    core = EngineCore(EngineConfig(model=path, dtype="float32", tensor_parallel_size=2, **engine, **(two_only or {})))
     workers = [w.process for w in core.runner.tp._workers]
     try:
         two = run(core, requests)
@@ -108,6 +109,7 @@ def assert_same_generation(path: str, vocab: int, **engine: object) -> None:
     prompt = one["prompt"]["prompt"]
     assert len(prompt) == len(requests["prompt"][0]) - 1  # every prompt token after the first
     assert_logprobs_close(prompt, two["prompt"]["prompt"])
+    return core
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +121,14 @@ def checkpoints(tmp_path_factory):
 def test_two_ranks_generate_what_one_does_on_the_embedded_model(embedded_model):
     # a small token budget: prompts are prefilled in chunks, mixed with decodes
     assert_same_generation(embedded_model, 8192, max_num_batched_tokens=24)
+
+
+def test_two_ranks_verifying_guesses_generate_what_one_does_without(embedded_model):
+    """A guess's rows all get logits on rank 0 while the workers follow the same step; what is
+    kept is one rank's plain decoding."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    core = assert_same_generation(embedded_model, 8192, two_only={"speculative_config": spec})
+    assert core.speculator.stats.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
