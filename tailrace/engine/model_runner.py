@@ -255,26 +255,34 @@ class ModelRunner:
                                             seq.params.prompt_logprobs or 0)
             step.prompt_logprobs.append((i, pending.to_host()))
         if need.samplers:
-            picked = take_rows(logits, [r for _, r, _ in need.samplers])
-            constrained: list[int] = []
-            if masks is not None:
-                constrained, job = masks
-                row_of = {i: j for j, i in enumerate(step.sampling_items)}
-                job.apply(picked, [row_of[i] for i in constrained])
-            rows = []
-            for i, _, j in need.samplers:
-                item = scheduled[i]
-                s = item.seq
-                if j == 0 and item.draft and s.generator is not None and not s.params.greedy:
-                    step.rng_states[i] = s.generator.get_state()  # before any of the step's draws
-                before = s.output_token_ids + item.draft[:j] if j else s.output_token_ids
-                rows.append(SamplingRow(s.params, s.prompt_token_ids, before, s.generator, eos_token_ids,
-                                        masked=i in constrained))
-            step.sampled = start_sample(picked, rows, self.shared_generator).to_host()
+            step.sampled = self._start_sampling(scheduled, need, logits, masks, step, eos_token_ids)
         step.done = record_event(self.device)
         if tuned:
             self.threads.finish()
         return step
+
+    def _start_sampling(self, scheduled: list[ScheduledSeq], need: LogitRows, logits: torch.Tensor,
+                        masks: tuple[list[int], MaskJob] | None, step: LaunchedStep,
+                        eos_token_ids: list[int]) -> PendingSample:
+        """A row per sampled position, grammar masks applied. An item verifying a guess samples at
+        each guessed position as plain decoding would there: after the guess's tokens before it,
+        drawing from its generator in position order (whose state before is kept in the step)."""
+        picked = take_rows(logits, [r for _, r, _ in need.samplers])
+        constrained: list[int] = []
+        if masks is not None:
+            constrained, job = masks
+            row_of = {i: j for j, i in enumerate(step.sampling_items)}
+            job.apply(picked, [row_of[i] for i in constrained])
+        rows = []
+        for i, _, j in need.samplers:
+            item = scheduled[i]
+            s = item.seq
+            if j == 0 and item.draft and s.generator is not None and not s.params.greedy:
+                step.rng_states[i] = s.generator.get_state()
+            before = s.output_token_ids + item.draft[:j] if j else s.output_token_ids
+            rows.append(SamplingRow(s.params, s.prompt_token_ids, before, s.generator, eos_token_ids,
+                                    masked=i in constrained))
+        return start_sample(picked, rows, self.shared_generator).to_host()
 
     def _forward_pooling(self, scheduled: list[ScheduledSeq], inputs: StepInputs, need: LogitRows,
                          step: LaunchedStep) -> torch.Tensor:
