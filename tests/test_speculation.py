@@ -18,6 +18,7 @@ from tailrace.engine.speculation.config import SpeculativeConfig, parse_speculat
 from tailrace.engine.speculation.ngram import NgramIndex, NgramProposer
 from tailrace.engine.speculation.speculator import MAX_PAUSE, Speculator, accepted_count
 from tailrace.sampling_params import SamplingParams
+from tailrace.tokenizer import load_tokenizer
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
@@ -325,3 +326,30 @@ def test_a_draft_model_read_from_a_quantized_gguf_guesses_for_its_float_original
     assert run(spec, requests) == run(core_of(None), requests)
     stats = spec.speculator.stats
     assert stats.num_accepted_tokens > 0.5 * stats.num_draft_tokens
+
+
+# ---- under a grammar ----------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
+    "type": "string", "enum": ["alpha", "beta", "gamma"]}}}, "required": ["name", "tags"]}
+
+
+def test_guesses_under_a_grammar_keep_plain_decodings_valid_answers(embedded_model):
+    """The grammar cuts each guess where it refuses a token, masks every guessed position as plain
+    decoding would mask it, and its closing (answers cut by max_tokens) ends a kept run."""
+    import json
+
+    from tailrace.sampling_params import StructuredSpec
+
+    spec = StructuredSpec(json.dumps(SCHEMA))
+    params = [SamplingParams(max_tokens=80, temperature=0, structured=spec, logprobs=1),
+              SamplingParams(max_tokens=60, temperature=0.8, seed=4, structured=spec),
+              SamplingParams(max_tokens=14, temperature=1.0, seed=9, structured=spec)]
+    ps = repetitive_prompts(4, seed=12)
+    requests = {f"{i}-{j}": (p, sp) for i, p in enumerate(ps) for j, sp in enumerate(params)}
+    guessing = core_of(NGRAM)
+    got = run(guessing, requests)
+    assert got == run(core_of(None), requests)
+    assert_speculated(guessing)
+    texts = [load_tokenizer(embedded_model).decode(got[f"{i}-0"][0][0]) for i in range(len(ps))]
+    assert all(isinstance(json.loads(text), dict) for text in texts)

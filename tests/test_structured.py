@@ -177,3 +177,21 @@ def test_the_core_refuses_a_schema_it_cannot_compile(tiny_checkpoint):
     core = EngineCore(EngineConfig(model=tiny_checkpoint, dtype="float32"))
     with pytest.raises(ValueError, match="cannot be enforced"):
         core.add_request(EngineRequest("bad", [5, 6], constrained({"not": {}})))
+
+
+def test_a_guess_gets_the_mask_of_each_of_its_positions_and_leaves_the_matcher_as_it_was(embedded_model):
+    compiler = GrammarCompiler(embedded_model, 8192, [2])
+    grammar = compiler.for_sequence(constrained(PERSON))
+    tokenizer = load_tokenizer(embedded_model)
+    guess = tokenizer.encode('{"name": "Ada', add_special_tokens=False)
+    # a name over maxLength 12 is refused where it passes 12 characters
+    too_long = tokenizer.encode('{"name": "' + "a" * 40, add_special_tokens=False)
+    assert 0 < grammar.guess_prefix(too_long) < len(too_long)
+    masks = MaskWorker(8192).start([grammar], [guess]).wait()
+    assert len(masks) == len(guess) + 1
+    for j in range(len(guess) + 1):
+        alone = compiler.for_sequence(constrained(PERSON))
+        for token in guess[:j]:
+            alone.accept(token)
+        assert (MaskWorker(8192).start([alone]).wait()[0] == masks[j]).all(), j
+    assert (MaskWorker(8192).start([grammar]).wait()[0] == masks[0]).all()  # rolled back

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(kernels() is None, reason="tailrace's CPU kernel
 
 
 def _job(bitmask: np.ndarray, vocab: int) -> MaskJob:
-    job = MaskJob(None, None, [], vocab)
+    job = MaskJob(None, None, [], [], vocab)
     job.bitmask = bitmask
     return job
 

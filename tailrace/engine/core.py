@@ -186,23 +186,21 @@ class EngineCore:
             seq, reached_end = item.seq, item.samples
             if seq.status is Status.FINISHED:
                 continue  # aborted while the step ran
-            accepted = self._judge_draft(item, res) if item.draft else 0
-            # a rejected guess's K/V stays in its slots, unused, until a later token overwrites it
-            seq.num_computed_tokens += item.num_new_tokens - len(item.draft) + accepted
+            out = SeqOutput(seq.request_id, seq.sibling, num_cached_tokens=seq.num_cached_tokens)
+            if item.draft:
+                self._keep_guess(item, res, out)
+            else:
+                seq.num_computed_tokens += item.num_new_tokens
             self.blocks.register_full_blocks(seq)
             if res.prompt_logprobs is not None:
                 seq.prompt_logprobs = (seq.prompt_logprobs or []) + res.prompt_logprobs
-            out = SeqOutput(seq.request_id, seq.sibling, num_cached_tokens=seq.num_cached_tokens)
             if seq.wants_prompt_logprobs and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 out.prompt_logprobs = seq.prompt_logprobs or []
                 seq.prompt_logprobs_sent = True
             if res.embedding is not None:
                 out.embedding, seq.finish_reason = res.embedding, "stop"
-            elif res.token_ids:
-                for token, logprob in zip(res.token_ids[:accepted + 1], res.logprobs):
-                    self._append(seq, token, logprob, out)
-                    if seq.finish_reason is not None:
-                        break
+            elif res.token_ids and not item.draft:
+                self._append(seq, res.token_ids[0], res.logprobs[0], out)
             elif reached_end and seq.max_tokens == 0:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
@@ -212,16 +210,28 @@ class EngineCore:
                 outputs.append(out)
         return outputs
 
-    def _judge_draft(self, item: ScheduledSeq, res: StepResult) -> int:
-        """How many of the item's guesses stand; a seeded generator is left where plain decoding
-        of the tokens kept leaves it."""
+    def _keep_guess(self, item: ScheduledSeq, res: StepResult, out: SeqOutput) -> None:
+        """Append what plain decoding would have: the token sampled at each guessed position, up to
+        the first that is not the guess's own (or that the grammar's closing replaces), and that
+        one. The K/V of the known token and of each guessed token kept before the last stands (a
+        rejected guess's stays in its slots, unused, until a later token overwrites it); a seeded
+        generator is left where that many draws leave it."""
+        seq = item.seq
         accepted = accepted_count(res.token_ids, item.draft)
-        if res.rng_state is not None and accepted + 1 < len(res.token_ids):
-            replay_draws(item.seq.generator, res.rng_state, accepted + 1)
-        self.speculator.record(item.seq, len(item.draft), accepted)
-        return accepted
+        kept = 0
+        for token, logprob in zip(res.token_ids[:accepted + 1], res.logprobs):
+            appended = self._append(seq, token, logprob, out)
+            kept += 1
+            if seq.finish_reason is not None or appended != token:
+                break
+        seq.num_computed_tokens += kept
+        if res.rng_state is not None and kept < len(res.token_ids):
+            replay_draws(seq.generator, res.rng_state, kept)
+        self.speculator.record(seq, len(item.draft), kept - 1)
 
-    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> None:
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None, out: SeqOutput) -> int:
+        """Append the sampled `token` (or the token the grammar's closing puts in its place, which
+        is returned) and apply the finish rules."""
         if seq.grammar is not None:
             chosen = seq.grammar.choose(token, seq.max_tokens - len(seq.output_token_ids) - 1)
             if chosen != token:
@@ -240,6 +250,7 @@ class EngineCore:
             seq.finish_reason, seq.stop_reason = "stop", token
         elif len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.finish_reason = "length"
+        return token
 
     def _finish(self, seq: Sequence) -> None:
         seq.grammar = None

@@ -271,8 +271,10 @@ class ModelRunner:
         constrained: list[int] = []
         if masks is not None:
             constrained, job = masks
-            row_of = {i: j for j, i in enumerate(step.sampling_items)}
-            job.apply(picked, [row_of[i] for i in constrained])
+            first_row: dict[int, int] = {}
+            for row, i in enumerate(step.sampling_items):
+                first_row.setdefault(i, row)
+            job.apply(picked, [first_row[i] + j for i in constrained for j in range(1 + len(scheduled[i].draft))])
         rows = []
         for i, _, j in need.samplers:
             item = scheduled[i]
@@ -335,14 +337,15 @@ class ModelRunner:
         return results
 
     def _start_masks(self, scheduled: list[ScheduledSeq]) -> tuple[list[int], MaskJob] | None:
-        """Grammar masks for the items that sample under a constraint this step, filled while the
-        model runs; None (no work at all) when there is none."""
+        """Grammar masks for the items that sample under a constraint this step (one per guessed
+        position too), filled while the model runs; None (no work at all) when there is none."""
         constrained = [i for i, item in enumerate(scheduled)
                        if item.samples and item.seq.max_tokens > 0 and item.seq.grammar is not None
                        and item.seq.grammar.constrains_next]
         if not constrained:
             return None
-        return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained])
+        return constrained, self.masks.start([scheduled[i].seq.grammar for i in constrained],
+                                             [scheduled[i].draft for i in constrained])
 
 
 def _return_freed_heap() -> None:

@@ -67,11 +67,13 @@ class Speculator:
         self._seqs: dict[int, _Guessing] = {}
 
     def propose(self, running: list[Sequence]) -> dict[int, list[int]]:
-        """The guesses of the running sequences that decode this step, by seq id. A sequence under
-        a grammar, or pooling, or with one token left to make, guesses nothing."""
+        """The guesses of the running sequences that decode this step, by seq id, cut where a
+        sequence's grammar refuses a token. A sequence pooling, thinking under a grammar, or with
+        one token left to make guesses nothing."""
         asks = []
         for seq in running:
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.grammar is not None or seq.params.pooling:
+            if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.pooling
+                    or seq.grammar is not None and not seq.grammar.takes_guesses):
                 continue
             # the guesses and the token after them must fit max_tokens and the context
             room = min(seq.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens + 1) - 1
@@ -83,7 +85,15 @@ class Speculator:
                 continue
             if room > 0:
                 asks.append((seq, min(state.k, room)))
-        return self.proposer.propose(asks) if asks else {}
+        drafts = self.proposer.propose(asks) if asks else {}
+        for seq, _ in asks:
+            if seq.grammar is not None and seq.seq_id in drafts:
+                draft = drafts[seq.seq_id][:seq.grammar.guess_prefix(drafts[seq.seq_id])]
+                if draft:
+                    drafts[seq.seq_id] = draft
+                else:
+                    del drafts[seq.seq_id]
+        return drafts
 
     def record(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """What the step made of a sequence's guess of `proposed` tokens."""

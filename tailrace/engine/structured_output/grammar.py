@@ -63,6 +63,16 @@ class SequenceGrammar:
     def constrains_next(self) -> bool:
         return self.gate is None or self.gate.phase is not Phase.THINKING
 
+    @property
+    def takes_guesses(self) -> bool:
+        """Whether speculation may guess for it: without thinking, whose gate would have to follow
+        the guess too."""
+        return self.gate is None
+
+    def guess_prefix(self, draft: list[int]) -> int:
+        """How many of the draft's first tokens the grammar allows in a row; consumes none."""
+        return self.matcher.validate_tokens(draft)
+
     def accept(self, token_id: int) -> None:
         """Advance past a sampled token. A token the grammar refused (possible only when another
         rule overrode the mask) leaves the matcher in its error state, which allows only eos."""
@@ -147,15 +157,28 @@ class MaskWorker:
         self._pool: ThreadPoolExecutor | None = None
         self._executor: llguidance.LLExecutor | None = None
 
-    def start(self, grammars: list[SequenceGrammar]) -> MaskJob:
-        """Begin filling the masks of these sequences' next tokens (without overlap: fill them now)."""
+    def start(self, grammars: list[SequenceGrammar], guesses: list[list[int]] | None = None) -> MaskJob:
+        """Begin filling the masks of these sequences' next tokens (without overlap: fill them now);
+        with `guesses`, a grammar whose guess is not empty gets a mask for each of the guess's
+        positions too (its rows follow one another)."""
+        guesses = guesses or [[] for _ in grammars]
         if not self.overlap:
-            return MaskJob(None, None, grammars, self.vocab_size)
+            return MaskJob(None, None, grammars, guesses, self.vocab_size)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailrace-grammar")
             # llguidance spreads a batch over its own threads; on a small CPU one leaves the model its cores.
             self._executor = llguidance.LLExecutor(num_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
-        return MaskJob(self._pool, self._executor, grammars, self.vocab_size)
+        return MaskJob(self._pool, self._executor, grammars, guesses, self.vocab_size)
+
+
+def _fill_guessed(matcher: llguidance.LLMatcher, guess: list[int], at: int, row_bytes: int) -> None:
+    """The masks at each position of a guess the grammar allows: the next token's, then each one
+    after consuming the guess up to it; the matcher is rolled back to where it was."""
+    for j in range(len(guess) + 1):
+        matcher.unsafe_compute_mask_ptr(at + j * row_bytes, row_bytes)
+        if j < len(guess):
+            matcher.consume_token(guess[j])
+    matcher.rollback(len(guess))
 
 
 class MaskJob:
@@ -163,30 +186,35 @@ class MaskJob:
     grammar, bit i of word w allowing token 32*w + i."""
 
     def __init__(self, pool: ThreadPoolExecutor | None, executor: llguidance.LLExecutor | None,
-                 grammars: list[SequenceGrammar], vocab_size: int) -> None:
+                 grammars: list[SequenceGrammar], guesses: list[list[int]], vocab_size: int) -> None:
         """With a pool the masks are filled on it; without, here, before this returns."""
         self.vocab_size = vocab_size
-        self.bitmask = np.zeros((len(grammars), (vocab_size + 31) // 32), dtype=np.uint32)
+        firsts = np.cumsum([0] + [1 + len(g) for g in guesses]).tolist()
+        self.bitmask = np.zeros((firsts[-1], (vocab_size + 31) // 32), dtype=np.uint32)
         self._done: Future | None = None
         if pool is not None:
-            self._done = pool.submit(self._fill, executor, grammars)
+            self._done = pool.submit(self._fill, executor, grammars, guesses, firsts)
         else:
-            self._fill(None, grammars)
+            self._fill(None, grammars, guesses, firsts)
 
-    def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar]) -> None:
+    def _fill(self, executor: llguidance.LLExecutor | None, grammars: list[SequenceGrammar],
+              guesses: list[list[int]], firsts: list[int]) -> None:
         # llguidance writes each mask at base + k * row_bytes and releases the GIL while it works.
         base, row_bytes = self.bitmask.ctypes.data, self.bitmask.shape[1] * 4
-        if executor is not None:
-            executor.unsafe_compute_mask_ptr([(g.matcher, k) for k, g in enumerate(grammars)], base, row_bytes,
-                                             len(grammars))
+        plain = [(g.matcher, firsts[k]) for k, g in enumerate(grammars) if not guesses[k]]
+        if executor is not None and plain:
+            executor.unsafe_compute_mask_ptr(plain, base, row_bytes, len(self.bitmask))
         else:
-            for k, grammar in enumerate(grammars):
-                grammar.matcher.unsafe_compute_mask_ptr(base + k * row_bytes, row_bytes)
+            for matcher, row in plain:
+                matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
+        for k, grammar in enumerate(grammars):
+            if guesses[k]:
+                _fill_guessed(grammar.matcher, guesses[k], base + firsts[k] * row_bytes, row_bytes)
         for k, grammar in enumerate(grammars):
             if grammar.gate is not None and grammar.gate.phase is Phase.UNDECIDED:
                 # Before the first token, the model may also open a think block.
                 open_id = grammar.gate.open_id
-                self.bitmask[k, open_id // 32] |= np.uint32(1 << (open_id % 32))
+                self.bitmask[firsts[k], open_id // 32] |= np.uint32(1 << (open_id % 32))
 
     def wait(self) -> np.ndarray:
         """The bitmask, once filled."""
@@ -195,7 +223,7 @@ class MaskJob:
         return self.bitmask
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """Wait for the masks, then set every disallowed logit of `rows` (one per grammar, in
+        """Wait for the masks, then set every disallowed logit of `rows` (one per mask row, in
         order) to -inf in place."""
         self.wait()
         if logits.device.type == "cpu" and (ops := kernels()) is not None:
