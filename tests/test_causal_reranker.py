@@ -18,7 +18,7 @@ from sentence_transformers import CrossEncoder
 from tailrace.engine.config import EngineConfig
 from tailrace.engine.core import EngineCore, EngineRequest
 from tailrace.sampling_params import SamplingParams
-from tailrace.serving.pair_prompts import pair_prompt
+from tailrace.serving.pair_prompts import PairPrompts
 from tailrace.serving.pooling import resolve_task
 from tailrace.tokenizer import load_tokenizer
 
@@ -34,7 +34,7 @@ def core(folder: Path) -> EngineCore:
 def scores(folder: Path, pairs: list[tuple[str, str]], max_length: int | None = None) -> np.ndarray:
     pooling, _ = resolve_task("auto", str(folder))
     tokenizer = load_tokenizer(str(folder))
-    logits = engine_vectors(core(folder), [pair_prompt(tokenizer, pooling, *p, max_length) for p in pairs], "logits")
+    logits = engine_vectors(core(folder), [PairPrompts(tokenizer, pooling)(*p, max_length) for p in pairs], "logits")
     return 1 / (1 + np.exp(-np.concatenate(logits)))
 
 
@@ -56,8 +56,8 @@ def test_scores_are_cross_encoder_predict(variant, reranker, tmp_path):
 
 def test_a_truncated_pair_keeps_the_templates_tail_as_sentence_transformers(reranker):
     tokenizer, (pooling, _) = load_tokenizer(str(reranker)), resolve_task("auto", str(reranker))
-    full = pair_prompt(tokenizer, pooling, *PAIRS[3])
-    cut = pair_prompt(tokenizer, pooling, *PAIRS[3], max_length=len(full) - 20)
+    full = PairPrompts(tokenizer, pooling)(*PAIRS[3])
+    cut = PairPrompts(tokenizer, pooling)(*PAIRS[3], max_length=len(full) - 20)
     assert len(cut) == len(full) - 20 and cut[-12:] == full[-12:] and cut[:-30] == full[:-50]
     limit = len(full) - 20
     expected = CrossEncoder(str(reranker), device="cpu", max_length=limit).predict(PAIRS)
@@ -66,8 +66,8 @@ def test_a_truncated_pair_keeps_the_templates_tail_as_sentence_transformers(rera
 
 def test_a_pair_scores_the_same_alone_and_in_a_batch_of_64_of_other_lengths(reranker):
     tokenizer, (pooling, _) = load_tokenizer(str(reranker)), resolve_task("auto", str(reranker))
-    target = pair_prompt(tokenizer, pooling, *PAIRS[0])
-    others = [pair_prompt(tokenizer, pooling, "query " * (1 + i % 5), "document " * (1 + i % 11)) for i in range(63)]
+    target = PairPrompts(tokenizer, pooling)(*PAIRS[0])
+    others = [PairPrompts(tokenizer, pooling)("query " * (1 + i % 5), "document " * (1 + i % 11)) for i in range(63)]
     alone = engine_vectors(core(reranker), [target], "logits")[0]
     together = engine_vectors(core(reranker), [*others[:20], target, *others[20:]], "logits")
     assert np.array_equal(together[20], alone)

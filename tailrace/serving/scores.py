@@ -18,7 +18,7 @@ from tailrace.serving.choices import envelope
 from tailrace.serving.context import RequestContext
 from tailrace.serving.embeddings import pooled_vectors, tokenize_inputs, tokens_kept, unit_length
 from tailrace.serving.errors import invalid_request
-from tailrace.serving.pair_prompts import pair_prompt
+from tailrace.serving.pair_prompts import PairPrompts
 from tailrace.serving.pooling import Pooling
 from tailrace.serving.protocol import _OpenAIModel, prompt_list
 
@@ -84,10 +84,11 @@ async def _scores(engine: EngineClient, firsts: tuple[list[str], str], seconds: 
     limit = engine.max_model_len
     keep = tokens_kept(truncate, limit)
     token_lists, starts = [], []
+    pair_prompt = PairPrompts(engine.tokenizer, pooling)
     for i, pair in enumerate(zip(lefts, rights)):
         if pooling.method == "logits":
             try:
-                ids, start = pair_prompt(engine.tokenizer, pooling, *pair, max_length=keep), None
+                ids, start = pair_prompt(*pair, max_length=keep), None
             except ValueError as exc:  # the model's chat template cannot render the pair
                 raise invalid_request(f"{seconds[1]}[{i}] with its {firsts[1]}: {exc}", param=seconds[1]) from exc
         else:
