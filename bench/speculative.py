@@ -73,19 +73,19 @@ def code_functions(min_lines: int = 12, max_lines: int = 40) -> list[str]:
 
 def word_cells(levels: int, num_prompts: int, seed: int) -> Cells:
     """tailrace bench compare's random-word prompts: little for a lookup to find."""
-    prompts = make_prompts(1 + levels * num_prompts, 128, seed)
-    workloads = [Workload(prompts[1 + i * num_prompts:1 + (i + 1) * num_prompts], DEFAULT_TOKENS_PER_WORD, False)
-                 for i in range(levels)]
-    return Cells(prompts[0], workloads)
+    return _cells(make_prompts(1 + levels * num_prompts, 128, seed), num_prompts)
 
 
 def code_cells(levels: int, num_prompts: int, seed: int) -> Cells:
-    functions = code_functions()
-    rng = random.Random(seed)
-    picks = rng.sample(functions, 1 + levels * num_prompts)
-    prompts = [TASK.format(code=code) for code in picks]
-    workloads = [Workload(prompts[1 + i * num_prompts:1 + (i + 1) * num_prompts], 1.3, False) for i in range(levels)]
-    return Cells(prompts[0], workloads)
+    picks = random.Random(seed).sample(code_functions(), 1 + levels * num_prompts)
+    return _cells([TASK.format(code=code) for code in picks], num_prompts)
+
+
+def _cells(prompts: list[str], num_prompts: int) -> Cells:
+    """The first prompt warms up; the rest, num_prompts a level."""
+    levels = [Workload(prompts[start:start + num_prompts], DEFAULT_TOKENS_PER_WORD, False)
+              for start in range(1, len(prompts), num_prompts)]
+    return Cells(prompts[0], levels)
 
 
 def acceptance(base_url: str) -> dict[str, float]:

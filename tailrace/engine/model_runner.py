@@ -271,9 +271,7 @@ class ModelRunner:
         constrained: list[int] = []
         if masks is not None:
             constrained, job = masks
-            first_row: dict[int, int] = {}
-            for row, i in enumerate(step.sampling_items):
-                first_row.setdefault(i, row)
+            first_row = {i: row for row, (i, _, j) in enumerate(need.samplers) if j == 0}
             job.apply(picked, [first_row[i] + j for i in constrained for j in range(1 + len(scheduled[i].draft))])
         rows = []
         for i, _, j in need.samplers:

@@ -2,8 +2,8 @@
 
 Running sequences get their next tokens first (a decode is one token, an unfinished prefill
 a chunk; a decode may add the speculator's guesses where the budget and memory leave room for
-them after every running sequence's own token); waiting sequences are admitted with what is left (chunked prefill; an encoder's prompts
-only whole). When KV blocks run out, the newest running sequence is preempted: its blocks are
+them after every running sequence's own token); waiting sequences are admitted with what is left
+(chunked prefill; an encoder's prompts only whole). When KV blocks run out, the newest running sequence is preempted: its blocks are
 freed and it is computed again later (its prefix may still be cached then).
 """
 

@@ -75,8 +75,11 @@ class Backends:
         if self.device != "cpu":
             return "GPU kernels round a row by the shape of its batch"
         if self.not_taken:
-            return "; ".join(f"{name} not taken ({why})" for name, why in self.not_taken.items())
+            return self._not_taken_reasons()
         return None
+
+    def _not_taken_reasons(self) -> str:
+        return "; ".join(f"{name}: {why}" for name, why in self.not_taken.items())
 
     def line(self, model: LlamaForCausalLM) -> str:
         return "backends: " + " | ".join(f"{k} = {v}" for k, v in self.record(model).items())
@@ -84,8 +87,8 @@ class Backends:
     def check_strict(self, strict: bool) -> None:
         """With strict on, refuse a CPU model with any choice not taken."""
         if strict and self.device == "cpu" and self.not_taken:
-            reasons = "; ".join(f"{name}: {why}" for name, why in self.not_taken.items())
-            raise BackendError(f"--strict-backends: this model would run on PyTorch's slower paths ({reasons})")
+            raise BackendError(f"--strict-backends: this model would run on PyTorch's slower paths "
+                               f"({self._not_taken_reasons()})")
 
 
 def select(model: LlamaForCausalLM, device: torch.device, quantization: str | None,

@@ -9,7 +9,6 @@ guess that was kept costs the draft nothing again.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 
 from tailrace.engine.block_manager import BlockManager
@@ -18,8 +17,6 @@ from tailrace.engine.model_runner import ModelRunner
 from tailrace.engine.scheduler import ScheduledSeq
 from tailrace.engine.sequence import Sequence
 from tailrace.sampling_params import SamplingParams
-
-log = logging.getLogger("tailrace.engine")
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
 
@@ -43,7 +40,6 @@ class DraftModel:
             raise ValueError(f"the draft model's context ({self.runner.max_model_len}) is shorter than the "
                              f"served one ({max_model_len}); lower --max-model-len")
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, enable_prefix_caching=False)
-        self.budget = self.runner.step_tokens
         self._shadows: dict[int, _Shadow] = {}
 
     def propose(self, asks: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
@@ -52,7 +48,7 @@ class DraftModel:
         guesses: dict[int, list[int]] = {seq.seq_id: [] for seq, _ in asks}
         active = [self._synced(seq) for seq, _ in asks]
         while active:
-            items, budget = [], self.budget
+            items, budget = [], self.runner.step_tokens
             for shadow in active:
                 seq = shadow.seq
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
