@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
@@ -11,26 +12,38 @@ from gguf_writer import llama_permute, write_gguf, write_out
 
 from tailrace.bench.peers.llamacpp import convert_command
 from tailrace.model.cpu import int_linear
+from tailrace.model.cpu.kernel_ops import activation_codes, same_bits
+from tailrace.model.cpu.kernels import load_build
 from tailrace.model.decoder.llama import Linear
 from tailrace.model.loading import gguf as tailrace_gguf
 from tailrace.model.loading.gguf_quant import (decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows,
                                                use_gguf_blocks)
 from tailrace.model.loading.loader import load_model
 
-OUT, IN = 48, 512  # two Q4_K super-blocks per row; rows in tiles of 16 for the int4 kernel
-needs_kernel = pytest.mark.skipif(not int_linear.available(), reason="MXFP4 runs on tailrace's kernel only")
+OUT, IN = 48, 512  # two K-quant super-blocks per row; rows in tiles of 16 for the int4 kernel
+needs_kernel = pytest.mark.skipif(not int_linear.available(), reason="runs on tailrace's kernel only")
 # bfloat16 keeps 8 significant bits: activations, scales and outputs each round by up to 2^-9.
 BF16_RTOL = 1e-2
+# Where each K-quant's blocks keep their float16 fields (d, and dmin).
+FLOAT16_FIELDS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+# Where the others' blocks keep theirs (d, and m; MXFP4's exponent byte at 0).
+SCALE_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.MXFP4: (0,),
+                **FLOAT16_FIELDS}
+PORTABLE = [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0]  # PyTorch's kernels take them too
+KERNEL_ONLY = [Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
+MAPPED = PORTABLE + [pytest.param(t, marks=needs_kernel) for t in KERNEL_ONLY]
 
 
 def _raw(tensor_type: Q, shape: tuple[int, int] = (OUT, IN), seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if tensor_type != Q.Q4_K:
+    if tensor_type not in FLOAT16_FIELDS:
         return quantize((rng.standard_normal(shape) * 0.02).astype(np.float32), tensor_type)
-    # gguf has no Q4_K quantizer: random super-blocks (any scale/min/code bytes are valid), with
-    # fp16 d and dmin of a real weight's size.
-    blocks = rng.integers(0, 256, (shape[0] * shape[1] // 256, 144), dtype=np.uint8)
-    blocks[:, 0:4] = (rng.uniform(1e-5, 1e-3, (blocks.shape[0], 2)).astype(np.float16)).view(np.uint8)
+    # gguf has no K-quant quantizer: random super-blocks (any code, scale and min bytes are valid),
+    # with float16 fields of a real weight's size.
+    block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+    blocks = rng.integers(0, 256, (shape[0] * shape[1] // block_size, type_size), dtype=np.uint8)
+    for at in FLOAT16_FIELDS[tensor_type]:
+        blocks[:, at:at + 2] = rng.uniform(1e-5, 1e-3, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
     return blocks.reshape(shape[0], -1)
 
 
@@ -38,7 +51,7 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).norm() / expected.norm())
 
 
-@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, pytest.param(Q.MXFP4, marks=needs_kernel)])
+@pytest.mark.parametrize("tensor_type", MAPPED)
 def test_layer_matches_linear_over_gguf_dequantized_weight(tensor_type: Q) -> None:
     raw = _raw(tensor_type)
     weight = torch.from_numpy(dequantize(raw, tensor_type))
@@ -47,19 +60,58 @@ def test_layer_matches_linear_over_gguf_dequantized_weight(tensor_type: Q) -> No
     assert _relative_error(layer(x), F.linear(x, weight)) < BF16_RTOL
 
 
-@pytest.mark.parametrize("tensor_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.MXFP4])
+@pytest.mark.parametrize("tensor_type", PORTABLE + KERNEL_ONLY)
 def test_codes_dequantize_bit_exactly_to_gguf(tensor_type: Q) -> None:
     raw = _raw(tensor_type)
     expected = torch.from_numpy(dequantize(raw, tensor_type)).reshape(OUT, IN)
     assert torch.equal(decode_blocks(tensor_type, raw, (OUT, IN)).dequantize(), expected)
 
 
-def test_q4_k_codes_dequantize_to_gguf_within_float32_rounding() -> None:
-    """Its scale is a product of two of the block's fields, which gguf may round in another order."""
-    raw = _raw(Q.Q4_K)
-    expected = torch.from_numpy(dequantize(raw, Q.Q4_K))
-    actual = decode_blocks(Q.Q4_K, raw, (OUT, IN)).dequantize()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6 * float(expected.abs().max()))
+def _one_hot_rows(layer: torch.nn.Module, count: int) -> torch.Tensor:
+    """The weights a layer multiplies by, as it multiplies them: its outputs for the first `count`
+    unit inputs (an input's one block of codes is then 127 at one place, times 1/127)."""
+    return layer(torch.eye(IN)[:count]).t()
+
+
+@needs_kernel
+@pytest.mark.parametrize("tensor_type", PORTABLE + KERNEL_ONLY)
+def test_the_kernel_multiplies_by_the_files_own_weights(tensor_type: Q) -> None:
+    """Exact, as llama.cpp's reference dequantization (gguf's) defines the weights: each product
+    within float32 rounding of it, for the extreme codes, scales and mins as for random ones."""
+    for fill in (None, 0x00, 0x80, 0xFF):
+        raw = _raw(tensor_type)
+        if fill is not None:  # every code, scale and min byte at one extreme, the float16 fields kept
+            blocks = raw.reshape(-1, GGML_QUANT_SIZES[tensor_type][1])
+            kept = {at: blocks[:, at:at + 2].copy() for at in SCALE_FIELDS[tensor_type]}
+            blocks[:] = fill
+            for at, field in kept.items():
+                blocks[:, at:at + 2] = field
+        expected = torch.from_numpy(dequantize(raw, tensor_type)).reshape(OUT, IN)[:, :64]
+        got = _one_hot_rows(quantized_linear(tensor_type, raw, (OUT, IN)), 64)
+        ulps = (got - expected).abs() / torch.finfo(torch.float32).eps
+        assert bool((ulps <= 2 * expected.abs().clamp(min=torch.finfo(torch.float32).tiny)).all()), fill
+
+
+@pytest.mark.parametrize("tensor_type", KERNEL_ONLY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_kernel_build_gives_the_same_bits_and_the_dequantized_product(tensor_type: Q, dtype) -> None:
+    """The avx512 and avx2 builds (tests/test_backend_ops.py's, for the types only GGUF's blocks
+    make) against the product of gguf's weights with the activations as the kernel rounds them,
+    and against each other bit for bit, at 1 row (a decode step's tiles) and at 7."""
+    builds = [load_build(isa) for isa in ("avx512", "avx2")]
+    if None in builds or not torch.cpu._is_vnni_supported():
+        pytest.skip("this CPU does not run both builds")
+    raw = _raw(tensor_type, seed=4)
+    layer = quantized_linear(tensor_type, raw, (OUT, IN), torch.randn(OUT))
+    weight = torch.from_numpy(dequantize(raw, tensor_type)).reshape(OUT, IN).double()
+    for rows in (1, 7):
+        x = torch.randn(rows, IN).to(dtype)
+        first, second = (build.int_linear(x, layer.codes, layer.high, layer.scales, layer.zeros, layer.sub,
+                                          layer.mins, layer.bias, OUT) for build in builds)
+        assert same_bits(first, second) is None
+        expected = activation_codes(x, 4) @ weight.t() + layer.bias.double()
+        assert float((first.double() - expected).abs().max()) <= (2**-8 if dtype == torch.bfloat16 else 1e-5) * float(
+            expected.abs().max())
 
 
 def test_q8_0_codes_at_int8_extremes_decode_exactly() -> None:
@@ -110,7 +162,7 @@ def test_parts_of_different_types_stay_unstacked(tmp_path) -> None:
 
 
 def test_type_without_block_mapping_returns_none() -> None:
-    assert quantized_linear(Q.Q6_K, np.zeros((OUT, IN // 256 * 210), dtype=np.uint8), (OUT, IN)) is None
+    assert quantized_linear(Q.IQ4_XS, np.zeros((OUT, IN // 256 * 136), dtype=np.uint8), (OUT, IN)) is None
 
 
 def test_rows_not_in_tiles_of_16_return_none_without_tailraces_kernel(monkeypatch) -> None:
@@ -118,10 +170,20 @@ def test_rows_not_in_tiles_of_16_return_none_without_tailraces_kernel(monkeypatc
     assert quantized_linear(Q.Q4_0, _raw(Q.Q4_0, (40, IN)), (40, IN)) is None
 
 
-def test_mxfp4_returns_none_without_tailraces_kernel(monkeypatch) -> None:
-    """PyTorch's 4-bit kernel counts its codes up from zero; E2M1's index a table."""
+@pytest.mark.parametrize("tensor_type", KERNEL_ONLY)
+def test_types_only_tailraces_kernel_takes_return_none_without_it(monkeypatch, tensor_type: Q) -> None:
+    """PyTorch's 4-bit kernel counts its codes up from zero over 4 bits with a float scale per 32:
+    E2M1's index a table, Q5's have 5 bits, Q6_K's, Q3_K's and Q2_K's scales are per 16."""
     monkeypatch.setattr(int_linear, "available", lambda: False)
-    assert quantized_linear(Q.MXFP4, _raw(Q.MXFP4), (OUT, IN)) is None
+    assert quantized_linear(tensor_type, _raw(tensor_type), (OUT, IN)) is None
+
+
+def test_q4_k_without_tailraces_kernel_takes_pytorchs_with_its_scale_products(monkeypatch) -> None:
+    monkeypatch.setattr(int_linear, "available", lambda: False)
+    raw = _raw(Q.Q4_K)
+    x = torch.randn(5, IN).to(torch.bfloat16).float()
+    expected = F.linear(x, torch.from_numpy(dequantize(raw, Q.Q4_K)))
+    assert _relative_error(quantized_linear(Q.Q4_K, raw, (OUT, IN))(x), expected) < BF16_RTOL
 
 
 @pytest.fixture(scope="module", params=[Q.Q4_0, Q.Q8_0], ids=["Q4_0", "Q8_0"])

@@ -200,7 +200,14 @@ def test_bad_shapes_are_refused():
         layer(torch.randn(1, 2 * BLOCK + 2))
     vector_by_vector = layer.scales.permute(0, 2, 1, 3).reshape(-1, 1, 16)  # the layout before tiles
     with pytest.raises(RuntimeError, match=r"scales must be float16 \[NV / 4"):
-        kernels().int_linear(torch.randn(1, 2 * BLOCK), layer.codes, vector_by_vector, None, None, 16)
+        kernels().int_linear(torch.randn(1, 2 * BLOCK), layer.codes, None, vector_by_vector, None, None, None, None,
+                             16)
+    with pytest.raises(RuntimeError, match="high bits go with 4-bit codes"):
+        kernels().int_linear(torch.randn(1, 2 * BLOCK), layer.codes, torch.zeros(4, 8, 1, 2, dtype=torch.int64),
+                             layer.scales, None, None, None, None, 16)
+    with pytest.raises(RuntimeError, match="integer mins go with integer scales"):
+        kernels().int_linear(torch.randn(1, 2 * BLOCK), layer.codes, None, layer.scales, None, None,
+                             torch.zeros(1, 2, 4, 16, dtype=torch.int8), None, 16)
 
 
 @needs_kernel

@@ -41,24 +41,56 @@ _ACT_DTYPE = torch.bfloat16
 @dataclass(frozen=True)
 class IntWeight:
     """w = codes * scales + zeros, scales and zeros repeated over each group of inputs; with `e2m1`,
-    w = E2M1_DOUBLED[codes] * scales (MXFP4's blocks: scales half their power of two, no zeros)."""
+    w = E2M1_DOUBLED[codes] * scales (MXFP4's blocks: scales half their power of two, no zeros).
 
-    codes: torch.Tensor  # [out, in]: int8, or uint8 in 0..15 (4 bits)
-    scales: torch.Tensor  # [out, groups] float32: groups 1 (per row) or in / INT4_GROUP_SIZE
+    With `sub` (GGUF's K-quant blocks), integer scales per sub-block of 32 or 16 inputs under a
+    float scale per super-block: w = scales * sub * (codes - offset) + zeros * mins, where offset is 0
+    with mins and half the codes' range without (Q6_K's 32, Q3_K's codes kept as q + 8)."""
+
+    codes: torch.Tensor  # [out, in]: int8, or uint8 below 2^width
+    scales: torch.Tensor  # [out, groups] float32: groups 1 (per row) or in / INT4_GROUP_SIZE, or per super-block
     zeros: torch.Tensor | None  # like scales, or None for none
     e2m1: bool = False
+    sub: torch.Tensor | None = None  # [out, in / 32 or in / 16] int8, or None
+    mins: torch.Tensor | None = None  # like sub, or None
+    width: int = 4  # bits of the uint8 codes: 4, 5 or 6
 
     @property
     def bits(self) -> int:
-        return 8 if self.codes.dtype == torch.int8 else 4
+        return 8 if self.codes.dtype == torch.int8 else self.width
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.mins is not None or self.sub is None else 1 << (self.width - 1)
 
     def dequantize(self) -> torch.Tensor:
         out_features, in_features = self.codes.shape
-        values = E2M1_DOUBLED[self.codes.long()] if self.e2m1 else self.codes.float()
-        groups = values.view(out_features, self.scales.shape[1], -1) * self.scales[..., None]
-        if self.zeros is not None:
-            groups = groups + self.zeros[..., None]
-        return groups.view(out_features, in_features)
+        values = E2M1_DOUBLED[self.codes.long()] if self.e2m1 else self.codes.float() - self.offset
+        if self.sub is None:
+            groups = values.view(out_features, self.scales.shape[1], -1) * self.scales[..., None]
+            if self.zeros is not None:
+                groups = groups + self.zeros[..., None]
+            return groups.view(out_features, in_features)
+        per_sub = in_features // self.sub.shape[1]
+        def spread(t: torch.Tensor) -> torch.Tensor:  # a super-block's value to each of its sub-blocks
+            return t.repeat_interleave(self.sub.shape[1] // t.shape[1], dim=1)
+        subs = values.view(out_features, -1, per_sub) * (spread(self.scales) * self.sub.float())[..., None]
+        if self.mins is not None:
+            subs = subs + (spread(self.zeros) * self.mins.float())[..., None]
+        return subs.view(out_features, in_features)
+
+    def grouped(self) -> IntWeight:
+        """The same 4-bit weights with a float scale and zero per group of 32, for PyTorch's kernel,
+        where sub-blocks are 32 inputs; the scale products then round to the kernel's type."""
+        if self.sub is None:
+            return self
+        if self.sub.shape[1] * INT4_GROUP_SIZE != self.codes.shape[1] or self.width != 4:
+            raise ValueError("only 4-bit codes with a scale per 32 inputs have a grouped form")
+        spread = self.sub.shape[1] // self.scales.shape[1]
+        scales = self.scales.repeat_interleave(spread, dim=1) * self.sub.float()
+        zeros = (-self.offset * scales if self.mins is None
+                 else self.zeros.repeat_interleave(spread, dim=1) * self.mins.float())
+        return IntWeight(self.codes, scales, zeros)
 
 
 def _float16_at_least(values: torch.Tensor) -> torch.Tensor:
@@ -158,9 +190,11 @@ def linear_for(weight: IntWeight, bias: torch.Tensor | None) -> nn.Module | None
     E2M1 codes, where tailrace's kernel cannot run: PyTorch's count their codes up from zero)."""
     out_features, in_features = weight.codes.shape
     if int_linear.available() and int_linear.takes(in_features):
-        return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias, e2m1=weight.e2m1)
-    if weight.e2m1:
+        return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias, e2m1=weight.e2m1,
+                                    sub=weight.sub, mins=weight.mins, width=weight.width)
+    if weight.e2m1 or weight.width > 4 or (weight.sub is not None and weight.sub.shape[1] != in_features // 32):
         return None
+    weight = weight.grouped()
     if weight.bits == 8 and weight.scales.shape[1] == 1:
         return Int8Linear(weight, bias)
     if not int4_packable(out_features, in_features):

@@ -2,10 +2,11 @@
 or AVX2.
 
 A weight arrives as integer codes with scales (and zero points) per output row or per block of 32
-inputs: tailrace's `--quantization int8` / `int4`, or GGUF's Q8_0 / Q4_0 / Q4_1 / Q4_K / MXFP4 blocks as
-they are (model/quant.py and model/loading/gguf_quant.py make them). The codes are packed once here, in
-the kernel's order, and are all the model holds of the weight: 1 byte a weight for int8, half a
-byte for int4, plus a float16 scale (and zero) per 32.
+inputs: tailrace's `--quantization int8` / `int4`, or GGUF's blocks as they are (model/quant.py and
+model/loading/gguf_quant.py make them), K-quants with their integer scales per 16 or 32 inputs
+under a float16 scale per super-block. The codes are packed once here, in the kernel's order, and
+are all the model holds of the weight: 1 byte a weight for int8, half a byte for 4-bit codes plus
+a bit plane for each bit above 4, and the scales.
 
 Like bf16_linear, the kernel gives each row the same bits whatever the batch or thread count.
 """
@@ -50,32 +51,52 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return (runs[:, :, :, 0] | (runs[:, :, :, 1] << 4)).transpose(1, 2).reshape(-1, k // 8, 4 * _LANES).contiguous()
 
 
-def pack_scales(values: torch.Tensor) -> torch.Tensor:
-    """[N, G] -> [NV / 4, G, 4, 16] float16: output n at lane n % 16 of vector n // 16, a tile's 4
+def pack_high(codes: torch.Tensor, planes: int) -> torch.Tensor:
+    """[N, K] codes of 4 + `planes` bits -> their bits 4.. as [NV, K / 8, planes, 2] int64 byte
+    masks: mask (k, h) of run r of vector v has bit 4 l + j set where bit 4 + k of the code of output
+    16 v + l at input 8 r + 4 h + j is, the byte pack_codes puts that code's low nibble in (of the
+    run's low nibbles for h = 0, its high ones for h = 1)."""
+    n, k = codes.shape
+    runs = padded(codes >> 4, _vectors(n) * _LANES).view(-1, _LANES, k // 8, 2, 4)  # [v, l, r, h, j]
+    bits = torch.stack([(runs >> plane) & 1 for plane in range(planes)], dim=3)  # [v, l, r, k, h, j]
+    bits = bits.permute(0, 2, 3, 4, 1, 5).reshape(-1, k // 8, planes, 2, 8, 8)  # 64 bits, 4 l + j, as 8 bytes
+    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
+    return (bits.to(torch.uint8) * weights).sum(-1, dtype=torch.uint8).contiguous().view(torch.int64).squeeze(-1)
+
+
+def pack_scales(values: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """[N, G] -> [NV / 4, G, 4, 16] in `dtype`: output n at lane n % 16 of vector n // 16, a tile's 4
     vectors side by side group by group (one run a tile reads), zero-padded to whole tiles."""
-    rows = padded(values.to(torch.float16), _vectors(values.shape[0]) * _LANES)
+    rows = padded(values.to(dtype), _vectors(values.shape[0]) * _LANES)
     tiles = rows.view(-1, _TILE_VECTORS, _LANES, values.shape[1])
     return tiles.permute(0, 3, 1, 2).contiguous()
 
 
 class IntLinear(Module):
-    """y = x @ w.T + bias with w = codes * scales (+ zeros), the scales per row or per 32 inputs."""
+    """y = x @ w.T + bias with w = codes * scales (+ zeros), the scales per row or per 32 inputs, or
+    GGUF's K-quant super-blocks (quant.IntWeight says how they make w)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 bias: torch.Tensor | None, e2m1: bool = False) -> None:
-        """codes [out, in]: int8, or uint8 in 0..15 for 4 bits (with `e2m1`, the index of an E2M1
-        value, held as float4_e2m1fn_x2 pairs: the kernel's mark); scales and zeros [out, 1 or in / 32]."""
+                 bias: torch.Tensor | None, e2m1: bool = False, sub: torch.Tensor | None = None,
+                 mins: torch.Tensor | None = None, width: int = 4) -> None:
+        """codes [out, in]: int8, or uint8 below 2^width (with `e2m1`, the index of an E2M1 value,
+        held as float4_e2m1fn_x2 pairs: the kernel's mark); scales and zeros [out, 1 or in / 32], or
+        per super-block under `sub` and `mins` [out, in / 32 or in / 16] int8."""
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        packed = pack_codes(codes)
+        packed = pack_codes(codes & 0x0F if width > 4 else codes)
         self.register_buffer("codes", packed.view(torch.float4_e2m1fn_x2) if e2m1 else packed)
+        self.register_buffer("high", pack_high(codes, width - 4) if width > 4 else None)
         self.register_buffer("scales", pack_scales(scales))
         self.register_buffer("zeros", None if zeros is None else pack_scales(zeros))
+        self.register_buffer("sub", None if sub is None else pack_scales(sub, torch.int8))
+        self.register_buffer("mins", None if mins is None else pack_scales(mins, torch.int8))
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self._linear = kernels().int_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, self.codes, self.scales, self.zeros, self.bias, self.out_features)
+        return self._linear(x, self.codes, self.high, self.scales, self.zeros, self.sub, self.mins, self.bias,
+                            self.out_features)
 
 
 class IntEmbedding(Module):

@@ -293,7 +293,7 @@ OPS: tuple[KernelOp, ...] = (
              amx_tolerance={"bfloat16": Tolerance(2**-7, 1e-2)}),
     # float32 sums of a block each (bfloat16 adds the output's rounding), against the largest output
     KernelOp("int_linear", ("int8/bfloat16", "int8/float32", "int4/bfloat16", "int4/float32"), _make_int_linear,
-             lambda m, i: m.int_linear(i["x"], i["codes"], i["scales"], i["zeros"], i["bias"],
+             lambda m, i: m.int_linear(i["x"], i["codes"], None, i["scales"], i["zeros"], None, None, i["bias"],
                                        i["weight"].codes.shape[0]),
              _int_linear_reference,
              {label: Tolerance(1e-5 if label.endswith("float32") else 2**-8, 0.0, of_largest=True)

@@ -127,7 +127,7 @@ class FusedForward:
 
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
-_STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "scales", "zeros")}
+_STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "high", "scales", "zeros", "sub", "mins")}
 def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.Tensor | None]:
     """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias."""
     return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]

@@ -1,19 +1,28 @@
 """GGUF's quantized weights as tailrace's integer projections, from their blocks, without float weights.
 
-Every mapped block type is codes with a scale and an offset per 32 inputs, which is what an
-`IntWeight` holds (w = codes * scale + zero per group of 32). Each block's codes go to the kernel
-as they are; only the per-group scale and zero are computed, from the block's fp16 fields:
+Every mapped block type becomes an `IntWeight` whose weights are the block's own, as llama.cpp's
+reference dequantization defines them: each block's codes go to the kernel as they are, with
+their scales as the file stores them. 32-input blocks carry a float16 scale (and zero) per block:
 
-- Q8_0: w = q * d, q int8               -> scale d,      no zero
-- Q4_0: w = (q - 8) * d, q in 0..15     -> scale d,      zero -8 d
-- Q4_1: w = q * d + m                   -> scale d,      zero m
-- Q4_K: w = d * sc * q - dmin * mn      -> scale d * sc, zero -dmin mn (per sub-block of 32)
-- MXFP4: w = E2M1(q) * 2^(e - 127)       -> codes q as E2M1 codes (IntWeight.e2m1), scale 2^(e - 128)
+- Q8_0: w = q * d, q int8                 -> scale d,      no zero
+- Q4_0: w = (q - 8) * d, q in 0..15       -> scale d,      zero -8 d
+- Q4_1: w = q * d + m                     -> scale d,      zero m
+- Q5_0: w = (q - 16) * d, q in 0..31      -> scale d,      zero -16 d (5-bit codes)
+- Q5_1: w = q * d + m, q in 0..31         -> scale d,      zero m (5-bit codes)
+- MXFP4: w = E2M1(q) * 2^(e - 127)         -> codes q as E2M1 codes (IntWeight.e2m1), scale 2^(e - 128)
   (the codes' values doubled are whole numbers); tailrace's kernel only, PyTorch's have no table
 
-tailrace's kernel (model/cpu/int_linear.py) keeps scales and zeros in float16, so Q8_0, Q4_0 and Q4_1
-reach it exactly and Q4_K's products round to float16 (11 significant bits, far inside the 4-bit
-codes' error); PyTorch's kernels, where tailrace's cannot run, keep them in bfloat16 (3 bits fewer).
+K-quants' super-blocks of 256 keep their integer scales (and mins) per sub-block (IntWeight.sub):
+
+- Q4_K, Q5_K: w = d * sc * q - dmin * m per 32   -> scale d, sub sc, zero -dmin, mins m (4-, 5-bit codes)
+- Q6_K: w = d * sc * (q - 32) per 16             -> scale d, sub sc (6-bit codes)
+- Q3_K: w = d * (sc - 32) * q, q in -4..3 per 16 -> scale d, sub sc - 32, codes q + 8
+- Q2_K: w = d * sc * q - dmin * m per 16         -> scale d, sub sc, zero -dmin, mins m
+
+Every float16 scale reaches the kernel as stored and each product d * sc is exact in float32, so
+its products are those of the file's weights. The K-quants need tailrace's kernel; where it cannot
+run, PyTorch's 4-bit kernel takes Q4_0, Q4_1 and Q4_K (scale products in bfloat16) and the others
+load as float.
 """
 
 from __future__ import annotations
@@ -37,8 +46,10 @@ from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.mxfp4 import e2m1_scales
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
-MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.MXFP4)
-_K_SCALE_BYTES = 12  # Q4_K's 6-bit scales and mins of its 8 sub-blocks
+MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
+# The types PyTorch's kernels take too, where tailrace's cannot run.
+_PORTABLE_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
+_K_SCALE_BYTES = 12  # Q4_K's and Q5_K's 6-bit scales and mins of their 8 sub-blocks
 # A layer's projection -> the GGUF tensors whose rows it stacks, in order.
 _PROJECTION_PARTS = {
     ("self_attn", "qkv_proj"): ("attn_q", "attn_k", "attn_v"),
@@ -110,8 +121,8 @@ def _mapped(parts: tuple[ReaderTensor, ...]) -> bool:
 
 
 def _mapped_type(tensor_type: Q) -> bool:
-    """A type with a block-for-block mapping here: MXFP4's E2M1 codes only where tailrace's kernel runs."""
-    return tensor_type in MAPPED_TYPES and (tensor_type != Q.MXFP4 or int_linear.available())
+    """A type with a block-for-block mapping here: beyond the portable ones, where tailrace's kernel runs."""
+    return tensor_type in MAPPED_TYPES and (tensor_type in _PORTABLE_TYPES or int_linear.available())
 
 
 def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
@@ -190,38 +201,102 @@ def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],
 
 
 def decode_blocks(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int]) -> IntWeight:
-    """The codes, scales and zeros of a Q8_0, Q4_0, Q4_1 or Q4_K weight with `shape` (out, in)."""
-    q, scales, zeros = _DECODERS[tensor_type](_blocks(raw, tensor_type))
-    out_features, in_features = shape
-    groups = (out_features, in_features // INT4_GROUP_SIZE)
-    return IntWeight(torch.from_numpy(q).reshape(shape), torch.from_numpy(scales).reshape(groups),
-                     None if zeros is None else torch.from_numpy(zeros).reshape(groups), e2m1=tensor_type == Q.MXFP4)
+    """The IntWeight of a weight of a mapped type with `shape` (out, in)."""
+    parts = _DECODERS[tensor_type](_blocks(raw, tensor_type))
+    rows = shape[0]
+    def per_row(values: np.ndarray | None) -> torch.Tensor | None:
+        return None if values is None else torch.from_numpy(np.ascontiguousarray(values)).reshape(rows, -1)
+    return IntWeight(per_row(parts.codes).reshape(shape), per_row(parts.scales), per_row(parts.zeros),
+                     e2m1=tensor_type == Q.MXFP4, sub=per_row(parts.sub), mins=per_row(parts.mins), width=parts.width)
 
 
-def decode_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
-    return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), _fp16(blocks, 0), None
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One type's blocks as IntWeight's fields, a row of blocks each: codes [blocks, inputs],
+    scales and zeros [blocks, 1 or per group], sub and mins [blocks, sub-blocks]."""
+    codes: np.ndarray
+    scales: np.ndarray
+    zeros: np.ndarray | None = None
+    sub: np.ndarray | None = None
+    mins: np.ndarray | None = None
+    width: int = 4
 
 
-def decode_q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_q8_0(blocks: np.ndarray) -> Decoded:
+    return Decoded(np.ascontiguousarray(blocks[:, 2:]).view(np.int8), _fp16(blocks, 0))
+
+
+def decode_q4_0(blocks: np.ndarray) -> Decoded:
     d = _fp16(blocks, 0)
-    return _nibbles(blocks[:, 2:], 16), d, -8 * d
+    return Decoded(_nibbles(blocks[:, 2:], 16), d, -8 * d)
 
 
-def decode_q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    d, m = _fp16(blocks, 0), _fp16(blocks, 2)
-    return _nibbles(blocks[:, 4:], 16), d, m
+def decode_q4_1(blocks: np.ndarray) -> Decoded:
+    return Decoded(_nibbles(blocks[:, 4:], 16), _fp16(blocks, 0), _fp16(blocks, 2))
 
 
-def decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sub-block of 32: [n, 256] codes and [n, 8] scales and zeros."""
-    d, dmin = _fp16(blocks, 0)[:, None], _fp16(blocks, 2)[:, None]
+def decode_q5_0(blocks: np.ndarray) -> Decoded:
+    """ggml's block_q5_0: d, then code j's bit 4 in bit j of a 32-bit word, then Q4_0's nibbles."""
+    d = _fp16(blocks, 0)
+    return Decoded(_nibbles(blocks[:, 6:], 16) | (_bits(blocks[:, 2:6]) << 4), d, -16 * d, width=5)
+
+
+def decode_q5_1(blocks: np.ndarray) -> Decoded:
+    return Decoded(_nibbles(blocks[:, 8:], 16) | (_bits(blocks[:, 4:8]) << 4), _fp16(blocks, 0), _fp16(blocks, 2),
+                   width=5)
+
+
+def decode_q4_k(blocks: np.ndarray) -> Decoded:
+    """d, dmin, the 8 sub-blocks' 6-bit scales and mins, then their nibbles."""
     sc, mn = _q4_k_scales_and_mins(blocks[:, 4:4 + _K_SCALE_BYTES])
-    return _nibbles(blocks[:, 4 + _K_SCALE_BYTES:], 32), d * sc, -dmin * mn
+    return Decoded(_nibbles(blocks[:, 4 + _K_SCALE_BYTES:], 32), _fp16(blocks, 0), -_fp16(blocks, 2), sc, mn)
 
 
-def decode_mxfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+def decode_q5_k(blocks: np.ndarray) -> Decoded:
+    """Q4_K's fields with 32 bytes of high bits before the nibbles: code j of sub-block i has its
+    bit 4 in bit i of byte j."""
+    sc, mn = _q4_k_scales_and_mins(blocks[:, 4:4 + _K_SCALE_BYTES])
+    high = blocks[:, 4 + _K_SCALE_BYTES:36 + _K_SCALE_BYTES]
+    high_bits = (high[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1  # [blocks, sub-block, j]
+    codes = _nibbles(blocks[:, 36 + _K_SCALE_BYTES:], 32) | (high_bits.reshape(len(blocks), -1) << 4)
+    return Decoded(codes, _fp16(blocks, 0), -_fp16(blocks, 2), sc, mn, width=5)
+
+
+def decode_q6_k(blocks: np.ndarray) -> Decoded:
+    """128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d. Each half of 128 codes
+    takes 64 low bytes (low nibbles first, then high) and 32 high bytes (their bit pairs 0..3 for
+    its runs of 32)."""
+    low = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8)[None, None, :, None]
+    high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]
+    codes = (low & 0x0F).reshape(len(blocks), -1) | ((high & 0x03).reshape(len(blocks), -1) << 4)
+    return Decoded(codes, _fp16(blocks, 208), sub=np.ascontiguousarray(blocks[:, 192:208]).view(np.int8), width=6)
+
+
+def decode_q3_k(blocks: np.ndarray) -> Decoded:
+    """32 bytes of high bits (code j of run i: bit i of byte j, set for q >= 0), 64 of 2-bit
+    codes (runs of 32 from bits 0..6 of 32 bytes), 12 of 6-bit scales less 32, d. q = low - 4 where
+    the high bit is clear; the codes are kept as q + 8, the offset the kernel takes away."""
+    low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+    high = (blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    codes = low.reshape(len(blocks), -1) + (high.reshape(len(blocks), -1) << 2) + 4
+    packed = blocks[:, 96:108]
+    low_scales = (packed[:, None, 0:8] >> np.array([0, 4], dtype=np.uint8)[None, :, None]).reshape(-1, 16) & 0x0F
+    high_scales = (packed[:, None, 8:12] >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, :, None]).reshape(-1, 16) & 3
+    sub = (low_scales | (high_scales << 4)).astype(np.int8) - 32
+    return Decoded(codes, _fp16(blocks, 108), sub=sub)
+
+
+def decode_q2_k(blocks: np.ndarray) -> Decoded:
+    """16 bytes of scales (low nibble) and mins (high), 64 of 2-bit codes (as Q3_K's), d, dmin."""
+    codes = (blocks[:, 16:80].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+    packed = blocks[:, :16]
+    return Decoded(codes.reshape(len(blocks), -1), _fp16(blocks, 80), -_fp16(blocks, 82),
+                   (packed & 0x0F).astype(np.int8), (packed >> 4).astype(np.int8))
+
+
+def decode_mxfp4(blocks: np.ndarray) -> Decoded:
     """ggml's block_mxfp4: an E8M0 exponent, then 16 bytes of E2M1 codes (as Q4_0's nibbles)."""
-    return _nibbles(blocks[:, 1:], 16), e2m1_scales(torch.from_numpy(blocks[:, 0].copy())).numpy(), None
+    return Decoded(_nibbles(blocks[:, 1:], 16), e2m1_scales(torch.from_numpy(blocks[:, 0].copy())).numpy())
 
 
 def _q4_k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +306,7 @@ def _q4_k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low, high, extra = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     sc = np.concatenate((low & 0x3F, (extra & 0x0F) | ((low >> 6) << 4)), axis=1)
     mn = np.concatenate((high & 0x3F, (extra >> 4) | ((high >> 6) << 4)), axis=1)
-    return sc.astype(np.float32), mn.astype(np.float32)
+    return sc.astype(np.int8), mn.astype(np.int8)
 
 
 def _nibbles(packed: np.ndarray, chunk: int) -> np.ndarray:
@@ -240,9 +315,14 @@ def _nibbles(packed: np.ndarray, chunk: int) -> np.ndarray:
     return np.concatenate((runs & 0x0F, runs >> 4), axis=2).reshape(packed.shape[0], -1)
 
 
+def _bits(words: np.ndarray) -> np.ndarray:
+    """[blocks, 4] bytes of a little-endian 32-bit word -> its 32 bits, bit j at j."""
+    return np.unpackbits(words, axis=1, bitorder="little")
+
+
 def _fp16(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """The fp16 field at byte `offset` of every block, as float32."""
-    return np.ascontiguousarray(blocks[:, offset:offset + 2]).view(np.float16)[:, 0].astype(np.float32)
+    """The fp16 field at byte `offset` of every block, as float32 [blocks, 1]."""
+    return np.ascontiguousarray(blocks[:, offset:offset + 2]).view(np.float16).astype(np.float32)
 
 
 def _blocks(raw: np.ndarray, tensor_type: Q) -> np.ndarray:
@@ -259,5 +339,6 @@ def unpermute_rotary_rows(raw: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, half, 2, -1).swapaxes(1, 2).reshape(rows.shape)
 
 
-_DECODERS = {Q.Q8_0: decode_q8_0, Q.Q4_0: decode_q4_0, Q.Q4_1: decode_q4_1, Q.Q4_K: decode_q4_k,
-              Q.MXFP4: decode_mxfp4}
+_DECODERS = {Q.Q8_0: decode_q8_0, Q.Q4_0: decode_q4_0, Q.Q4_1: decode_q4_1, Q.Q5_0: decode_q5_0,
+              Q.Q5_1: decode_q5_1, Q.Q2_K: decode_q2_k, Q.Q3_K: decode_q3_k, Q.Q4_K: decode_q4_k,
+              Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k, Q.MXFP4: decode_mxfp4}

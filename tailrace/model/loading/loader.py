@@ -174,9 +174,9 @@ def _load_safetensors_shard(model: LlamaForCausalLM, config: ModelConfig, path: 
 def resolve_quantization(quantization: str | None, path: str, device: str) -> str | None:
     """`quantization` as asked ("none": float weights), or unasked, the checkpoint's own: a GGUF
     file whose projections are all stored quantized loads quantized on CPU, as llama.cpp and vLLM
-    keep it. Its blocks go to the kernel as they are where they map (gguf_quant: Q4_0, Q4_1, Q4_K,
-    Q8_0, MXFP4); the others (a Q4_K_M's Q6_K tensors) become int8, 8 bits a weight, above any
-    GGUF type's precision, where float32 would take 32 (an 8B Q4_K_M: 32 GB, not 5). A file with
+    keep it. Its blocks go to the kernel as they are where they map (gguf_quant.MAPPED_TYPES);
+    the others (IQ types) become int8, 8 bits a weight, above their precision, where float32
+    would take 32 (an 8B model: 32 GB, not 5). A file with
     projections in float too (a converter's MXFP4 experts beside float32 attention) loads as
     floats: int8 would lose what it stores exactly."""
     if quantization is not None:

@@ -5,8 +5,9 @@
 // - lane-wise float arithmetic is the same IEEE operation on each half;
 // - the horizontal sums and maxima follow GCC's _mm512_reduce_* tree (halves, then quarters, then
 //   pairs), so a row's reductions add in the AVX-512 build's order;
-// - vpdpbusd is maddubs then madd: exact where the unsigned operand's bytes are below 16, as the
-//   int4 kernel's codes are (a pair of products then stays within int16, where maddubs saturates);
+// - vpdpbusd is maddubs then madd: exact where the unsigned operand's bytes are at most 128, as
+//   the integer kernel's codes are (a pair of products then stays within int16, where maddubs
+//   saturates);
 // - vdpbf16ps and vcvtneps2bf16 compile here for the native-bfloat16 template branch, which runs
 //   only where __builtin_cpu_supports("avx512bf16"), never on such a CPU.
 // Masks stay __mmask16 bit masks (GCC declares the type for every target); masked loads and stores
@@ -195,7 +196,23 @@ TAILRACE_LANEWISE_SI(and_si512, _mm256_and_si256)
 TAILRACE_LANEWISE_SI(or_si512, _mm256_or_si256)
 TAILRACE_LANEWISE_SI(add_epi32, _mm256_add_epi32)
 TAILRACE_LANEWISE_SI(shuffle_epi8, _mm256_shuffle_epi8)  // both shuffle within 128-bit lanes
+TAILRACE_LANEWISE_SI(sub_epi32, _mm256_sub_epi32)
+TAILRACE_LANEWISE_SI(mullo_epi32, _mm256_mullo_epi32)
 #undef TAILRACE_LANEWISE_SI
+// 32 bytes, byte i all ones where bit i of m is set: a 32-bit byte mask's vector.
+inline __m256i byte_bits(uint32_t m) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(m)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+// vpaddb under a 64-bit byte mask: src where m's bit is clear.
+inline I32x16 mask_add_epi8(I32x16 src, uint64_t m, I32x16 a, I32x16 b) {
+    return {_mm256_blendv_epi8(src.lo, _mm256_add_epi8(a.lo, b.lo), byte_bits(static_cast<uint32_t>(m))),
+            _mm256_blendv_epi8(src.hi, _mm256_add_epi8(a.hi, b.hi), byte_bits(static_cast<uint32_t>(m >> 32)))};
+}
+inline I32x16 cvtepi8_epi32(__m128i a) { return {_mm256_cvtepi8_epi32(a), _mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))}; }
 inline I32x16 broadcast_i32x4(__m128i a) {
     const __m256i both = _mm256_broadcastsi128_si256(a);
     return {both, both};
@@ -401,6 +418,14 @@ inline void mask_storeu_epi16(void* p, __mmask16 m, __m256i a) {
 #define _mm512_add_epi32 ::tailrace::avx2::add_epi32
 #undef _mm512_shuffle_epi8
 #define _mm512_shuffle_epi8 ::tailrace::avx2::shuffle_epi8
+#undef _mm512_sub_epi32
+#define _mm512_sub_epi32 ::tailrace::avx2::sub_epi32
+#undef _mm512_mullo_epi32
+#define _mm512_mullo_epi32 ::tailrace::avx2::mullo_epi32
+#undef _mm512_mask_add_epi8
+#define _mm512_mask_add_epi8 ::tailrace::avx2::mask_add_epi8
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32 ::tailrace::avx2::cvtepi8_epi32
 #undef _mm512_broadcast_i32x4
 #define _mm512_broadcast_i32x4 ::tailrace::avx2::broadcast_i32x4
 #undef _mm512_slli_epi32

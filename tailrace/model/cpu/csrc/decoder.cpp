@@ -563,13 +563,15 @@ private:
             return {packed, {}, {}, bias};
         }
         TORCH_CHECK((!std::is_same_v<Scalar, float>), "a float32 projection is [packed, bias]");
-        TORCH_CHECK(buffers.size() == 4 && buffers[0] && buffers[1],
-                    "a projection is [packed, bias] or [codes, scales, zeros, bias]");
-        const torch::Tensor codes = *buffers[0], scales = *buffers[1], zeros = defined(buffers[2]);
-        const torch::Tensor bias = defined(buffers[3]);
+        TORCH_CHECK(buffers.size() == 7 && buffers[0] && buffers[2],
+                    "a projection is [packed, bias] or [codes, high, scales, zeros, sub, mins, bias]");
+        std::vector<torch::Tensor> keep;
+        for (const auto& buffer : buffers)
+            keep.push_back(defined(buffer));
         // int_weights checks the codes against the input width and the outputs
-        return {torch::Tensor(), tailrace::int_weights(codes, scales, zeros, bias, in, out), {codes, scales, zeros, bias},
-                bias};
+        return {torch::Tensor(), tailrace::int_weights(keep[0], keep[1], keep[2], keep[3], keep[4], keep[5], keep[6],
+                                                       in, out),
+                keep, keep[6]};
     }
 
     static void check_norm(const torch::Tensor& weight, int64_t width) {

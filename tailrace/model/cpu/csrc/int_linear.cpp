@@ -1,30 +1,33 @@
 // y = x @ W.T (+ bias) for weights held as integer codes with float16 scales, on CPUs with
-// AVX512-VNNI: tailrace's int8 and int4 projections, and GGUF's Q8_0, Q4_0, Q4_1, Q4_K and MXFP4
-// blocks taken as they are.
+// AVX512-VNNI: tailrace's int8 and int4 projections, and GGUF's blocks taken as they are (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, and the K-quants Q2_K to Q6_K).
 //
-// A weight is w = c * d + z, c an int8 code (or a 4-bit one in 0..15), d and z float16, either one
-// d per output row (int8 per channel, z = 0) or one (d, z) per output and block of 32 inputs (the
-// GGUF blocks). The activations go to integer codes per block of 32 inputs, with a float32 scale
-// s = max|x| / C for the block, and an integer dot product adds codes times codes into int32 lanes,
-// exactly:
+// A weight is w = c * d + z, c an int8 code (or an unsigned one of 4 to 6 bits), d and z float16,
+// either one d per output row (int8 per channel, z = 0) or one (d, z) per output and block of 32
+// inputs (the GGUF blocks of 32); a K-quant's super-block of 256 instead has integer scales (and
+// mins) per 32 or 16 inputs under its float16 d (and z), see tile. The activations go to integer
+// codes per block of 32 inputs, with a float32 scale s = max|x| / C for the block, and an integer
+// dot product adds codes times codes into int32 lanes, exactly:
 // - against int8 weights, int16 activations (C = 32767, a finer grid than bfloat16's 8 bits
 //   wherever |x| is within a factor 128 of the block's largest) through vpdpwssd, 2 products a lane;
-// - against int4 weights, int8 activations (C = 127, as llama.cpp's Q8_0 activations for its 4-bit
-//   blocks) through vpdpbusd, 4 products a lane and no widening of the codes: a product of 4 rows
-//   1.6x faster at the same memory traffic on a Zen 4 (`bench/decode_step.py --quantization int4
-//   --batch 1 8 32` times the steps), where the 4-bit weights are still what the result loses
-//   precision to (`bench/quality.py` shows it).
+// - against 4- to 6-bit weights, int8 activations (C = 127, as llama.cpp's Q8_0 and Q8_K
+//   activations for its blocks) through vpdpbusd, 4 products a lane and no widening of the codes:
+//   a product of 4 rows 1.6x faster at the same memory traffic on a Zen 4 (`bench/decode_step.py
+//   --quantization int4 --batch 1 8 32` times the steps), where the 4-bit weights are still what
+//   the result loses precision to (`bench/quality.py` shows it).
 // Each block's integer sum goes to float32 once:
 //     grouped: acc += (isum * s) * d  (+ z * s * sum(x codes))     per row: acc += isum * s; y = acc * d
 // Every output's float32 accumulator runs over the blocks in order, so a row's bits depend neither
 // on the other rows, nor on the tiling, nor on the thread count (the engine's exactness rests on it).
 //
-// Layouts, packed once at load (tailrace/model/int_linear.py): outputs 16 to a vector, vectors
+// Layouts, packed once at load (tailrace/model/cpu/int_linear.py): outputs 16 to a vector, vectors
 // padded to a multiple of kVectors; int8 codes [NV][K/2][32] as bf16_linear packs its weights (the
-// pair (k, k+1) of output lane l at bytes 2l, 2l+1); int4 codes [NV][K/8][64] bytes, lane l's 4
-// bytes of a run holding its inputs 8r..8r+3 in the low nibbles and 8r+4..8r+7 in the high ones;
-// d and z [NV / 4][G][4][16] with G = 1 (per row) or K / 32: a tile's 4 vectors side by side, group
-// by group, so that a tile reads its scales as one run (see scale_at).
+// pair (k, k+1) of output lane l at bytes 2l, 2l+1); 4-bit codes [NV][K/8][64] bytes, lane l's 4
+// bytes of a run holding its inputs 8r..8r+3 in the low nibbles and 8r+4..8r+7 in the high ones,
+// and a 5- or 6-bit code's higher bits in byte masks beside them (see load_codes); d and z
+// [NV / 4][G][4][16] with G = 1 (per row), K / 32, or K / 256 (super-blocks), and a K-quant's integer
+// scales and mins [NV / 4][K / 32 or K / 16][4][16]: a tile's 4 vectors side by side, group by
+// group, so that a tile reads its scales as one run (see scale_at).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -63,7 +66,9 @@ constexpr int64_t kChunkBlocks = 16;       // blocks per pass over the row tiles
 
 // E2M1: MXFP4's blocks (gpt-oss's experts), grouped scales whose 4-bit codes index the E2M1 values
 // (see kE2M1Codes) rather than count up from zero, the zero point implied by the scale.
-enum class Scales { PerRow, Grouped, GroupedWithZero, E2M1 };
+// Super, SuperHalves: GGUF's K-quant blocks, integer scales (and mins) per 32 or per 16 inputs under
+// a float16 scale (and min) per super-block of 256 (see the super-block sums in tile).
+enum class Scales { PerRow, Grouped, GroupedWithZero, E2M1, Super, SuperHalves };
 
 // An E2M1 code's value times 2 (a whole number, -12..12), plus 12: the unsigned bytes the 4-bit
 // kernels multiply, at most 24, so that a weight is (byte - 12) * d with d half the block's E8M0
@@ -82,20 +87,25 @@ struct Codes {
     const void* codes;     // [M][K] ActivationCode
     const float* scale;    // [M][KB]
     const float* sum;      // [M][KB]: s * (the block's codes summed), what a zero point multiplies
+    const int32_t* sum16;  // [M][K / 16]: each half block's codes summed, what integer mins multiply
 };
 
 struct Problem {
     Codes x;
     const uint8_t* w;
+    const uint64_t* high;  // the codes' bits 4 and 5 (tailrace::IntWeights), or nullptr
     const at::Half* d;     // [NV][G][16]
     const at::Half* z;     // [NV][G][16] or nullptr
+    const int8_t* sub;     // [NV][KB * subs][16] integer scales (Scales::Super*), or nullptr
+    const int8_t* mins;    // like sub, or nullptr
     const float* bias;     // [N] or nullptr
     int64_t M, K, N, KB, NV, G;
+    int64_t super;         // blocks per d and z (Scales::Super*; 1 otherwise)
     bool e2m1;             // 4-bit codes of E2M1 values (Scales::E2M1)
 };
 
 template <typename C, typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, float* sum) {
+void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, float* sum, int32_t* sum16) {
     constexpr float kCodeMax = std::numeric_limits<C>::max();
     using tailrace::load16;
     const int64_t KB = K / kBlock;
@@ -109,6 +119,7 @@ void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, flo
                 std::fill_n(codes + b * kBlock, kBlock, C{0});  // 32 codes: 64 bytes of int16, 32 of int8
                 scale[b] = s;
                 sum[b] = s;
+                sum16[2 * b] = sum16[2 * b + 1] = 0;
                 continue;
             }
             const __m512 inverse = _mm512_set1_ps(kCodeMax / largest);
@@ -122,7 +133,9 @@ void quantize_rows(const T* x, int64_t M, int64_t K, C* codes, float* scale, flo
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + kLanes), _mm512_cvtepi32_epi8(qhi));
             }
             scale[b] = largest / kCodeMax;
-            sum[b] = scale[b] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+            sum16[2 * b] = _mm512_reduce_add_epi32(qlo);
+            sum16[2 * b + 1] = _mm512_reduce_add_epi32(qhi);
+            sum[b] = scale[b] * static_cast<float>(sum16[2 * b] + sum16[2 * b + 1]);
         }
     });
 }
@@ -142,8 +155,14 @@ constexpr int64_t kLoadBytes = Bits == 8 ? 32 : 64;
 template <int Bits>
 constexpr int64_t kLoadInputs = Bits == 8 ? 2 : 8;
 
-template <int Bits, bool E2M1>
-inline void load_codes(const uint8_t* at, __m512i* out) {
+// With High bit planes (5- and 6-bit codes: GGUF's Q5 and Q6 blocks), each load's codes have 2 * High
+// 64-bit masks beside them, mask 2 k + h holding bit 4 + k of out[h]'s 64 bytes; the bits' planes
+// [NV][K / 8][High][2] follow the codes' order.
+template <int High>
+constexpr int64_t kHighWords = 2 * High;
+
+template <int Bits, bool E2M1, int High>
+inline void load_codes(const uint8_t* at, const uint64_t* high, __m512i* out) {
     if constexpr (Bits == 8) {
         out[0] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
     } else {
@@ -154,6 +173,11 @@ inline void load_codes(const uint8_t* at, __m512i* out) {
             const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2M1Codes)));
             out[0] = _mm512_shuffle_epi8(table, out[0]);
             out[1] = _mm512_shuffle_epi8(table, out[1]);
+        }
+        for (int k = 0; k < High; ++k) {
+            const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << k));
+            for (int h = 0; h < 2; ++h)
+                out[h] = _mm512_mask_add_epi8(out[h], high[2 * k + h], out[h], bit);
         }
     }
 }
@@ -185,9 +209,10 @@ constexpr int64_t kOneRowPrefetch = 2048;
 // 4 groups ahead, read a one-row int4 step 7-8% faster than 8 runs of 9-48 lines each (a vector's
 // d and z apart), too short for the hardware to prefetch (`bench/decode_step.py --quantization int4
 // --batch 1 --prefill 0` times the step).
-inline int64_t scale_at(const Problem& p, int64_t v, int64_t b) {
-    return (((v / kVectors) * p.G + b) * kVectors + v % kVectors) * kLanes;
+inline int64_t table_at(int64_t G, int64_t v, int64_t b) {
+    return (((v / kVectors) * G + b) * kVectors + v % kVectors) * kLanes;
 }
+inline int64_t scale_at(const Problem& p, int64_t v, int64_t b) { return table_at(p.G, v, b); }
 constexpr int64_t kScalePrefetch = 4;
 
 inline __m512 half16(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -205,16 +230,18 @@ inline void prefetch_codes(const uint8_t* at) {
 // into int16 pairs over the whole block and widen to int32 once, with the same sums. Exact: a
 // pair's 16 products over the block are each at most 15 x 127, 30480 in all, within int16. E2M1's
 // bytes reach 24, so its pairs widen every half block (8 products, at most 24384).
-template <bool OneRow, bool E2M1, int MT, int NT>
-inline void int4_block_sums(const uint8_t* codes, int64_t stride, const int8_t* x, int64_t K,
-                            __m512i (&isum)[MT][NT]) {
-    constexpr int64_t kSteps = kBlock / kLoadInputs<4>, kWiden = E2M1 ? kSteps / 2 : kSteps;
+// Codes of 5 (6) bits widen every 2 steps (every step): 8 products of at most 31 x 127 (4 of 63 x 127).
+template <bool OneRow, bool E2M1, int High, int First, int Steps, int MT, int NT>
+inline void int4_block_sums(const uint8_t* codes, int64_t stride, const uint64_t* high, int64_t high_stride,
+                            const int8_t* x, int64_t K, __m512i (&isum)[MT][NT]) {
+    constexpr int64_t kMostSteps = E2M1 || High == 1 ? 2 : High == 2 ? 1 : 4;
+    constexpr int64_t kWiden = Steps < kMostSteps ? Steps : kMostSteps;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2M1Codes)));
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
             isum[i][j] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int64_t first = 0; first < kSteps; first += kWiden) {
+    for (int64_t first = First; first < First + Steps; first += kWiden) {
         __m256i pairs[MT][NT][2];
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
@@ -235,6 +262,13 @@ inline void int4_block_sums(const uint8_t* codes, int64_t stride, const int8_t* 
                         w[h][0] = _mm256_shuffle_epi8(table, w[h][0]);
                         w[h][1] = _mm256_shuffle_epi8(table, w[h][1]);
                     }
+                    const uint64_t* bits = high + j * high_stride + step * kHighWords<High>;
+                    for (int k = 0; k < High; ++k)
+                        for (int half = 0; half < 2; ++half)
+                            w[h][half] = _mm256_add_epi8(
+                                w[h][half], _mm256_and_si256(tailrace::avx2::byte_bits(static_cast<uint32_t>(
+                                                                 bits[2 * k + half] >> (32 * h))),
+                                                             _mm256_set1_epi8(static_cast<char>(16 << k))));
                 }
                 for (int i = 0; i < MT; ++i) {
                     const int8_t* row = x + i * K + step * kLoadInputs<4>;
@@ -254,20 +288,20 @@ inline void int4_block_sums(const uint8_t* codes, int64_t stride, const int8_t* 
 }
 #endif
 
-// One block's integer sums of MT rows (their codes K apart) by NT vectors (their codes `stride`
-// apart): isum[i][j] lane l = the sum of weight code times row code over the block's 32 inputs.
-template <int Bits, bool E2M1, bool OneRow, int MT, int NT>
-inline void dot_block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
-                           __m512i (&isum)[MT][NT]) {
-    constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
+// Steps [First, First + Steps) of one block's integer sums of MT rows (their codes K apart) by NT
+// vectors (their codes `stride` apart, their high bits `high_stride`): isum[i][j] lane l = the sum
+// of weight code times row code over those steps' inputs (a step: kLoadInputs of them).
+template <int Bits, bool E2M1, int High, bool OneRow, int First, int Steps, int MT, int NT>
+inline void dot_block_sums(const uint8_t* codes, int64_t stride, const uint64_t* high, int64_t high_stride,
+                           const ActivationCode<Bits>* x, int64_t K, __m512i (&isum)[MT][NT]) {
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
             isum[i][j] = _mm512_setzero_si512();
-    for (int64_t step = 0; step < kSteps; ++step) {
+    for (int64_t step = First; step < First + Steps; ++step) {
         __m512i wv[NT][2];
         for (int j = 0; j < NT; ++j) {
             const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
-            load_codes<Bits, E2M1>(at, wv[j]);
+            load_codes<Bits, E2M1, High>(at, high + j * high_stride + step * kHighWords<High>, wv[j]);
             prefetch_codes<OneRow>(at);
         }
         for (int i = 0; i < MT; ++i)
@@ -276,39 +310,92 @@ inline void dot_block_sums(const uint8_t* codes, int64_t stride, const Activatio
     }
 }
 
-template <int Bits, bool E2M1, bool OneRow, int MT, int NT>
-inline void block_sums(const uint8_t* codes, int64_t stride, const ActivationCode<Bits>* x, int64_t K,
-                       __m512i (&isum)[MT][NT]) {
+template <int Bits, bool E2M1, int High, bool OneRow, int First, int Steps, int MT, int NT>
+inline void block_sums(const uint8_t* codes, int64_t stride, const uint64_t* high, int64_t high_stride,
+                       const ActivationCode<Bits>* x, int64_t K, __m512i (&isum)[MT][NT]) {
 #ifndef __AVX512F__
     if constexpr (Bits == 4)
-        int4_block_sums<OneRow, E2M1>(codes, stride, x, K, isum);
+        int4_block_sums<OneRow, E2M1, High, First, Steps>(codes, stride, high, high_stride, x, K, isum);
     else
 #endif
-        dot_block_sums<Bits, E2M1, OneRow>(codes, stride, x, K, isum);
+        dot_block_sums<Bits, E2M1, High, OneRow, First, Steps>(codes, stride, high, high_stride, x, K, isum);
 }
 
 // Blocks [b0, b1) of rows m0.. (MT of them) against vectors v0..v0+NT-1, added into `part`
 // [MT][V][16]. The pointers are set once and the float sums stay in registers over the blocks:
 // with a code address and the sums' loads and stores worked out per vector and block, half of a
 // one-row tile's instructions were bookkeeping (`perf annotate` of the tile shows it).
-template <int Bits, Scales S, int V, int MT, int NT>
+//
+// A super-block's weights are w = d * a * (c - o) + z * m per 32 (Super) or 16 (SuperHalves) inputs:
+// a and m the block's integer scale and min, d and z float16 per super-block (z the negated min
+// scale), o = 0 where there are mins, else half the codes' range (8 << High). A block then adds
+//     acc += (I1 * s) * d  (+ (I2 * s) * z),   I1 = sum_h a_h (isum_h - o xsum_h),  I2 = sum_h m_h xsum_h
+// with I1 and I2 exact in int32 (below 2^24: Q6_K's two halves, 2 x 128 x 32 x 127 x 16, come nearest) and so in
+// float32: the products are those of the file's own weights d * a, each exact in float32.
+template <int Bits, Scales S, int High, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
-    constexpr bool kOneRow = V == kOneRowVectors;
-    const int64_t stride = vector_bytes<Bits>(p);
+    constexpr bool kOneRow = V == kOneRowVectors, kE2M1 = S == Scales::E2M1;
+    constexpr bool kSuper = S == Scales::Super || S == Scales::SuperHalves;
+    constexpr int kHalves = S == Scales::SuperHalves ? 2 : 1;
+    const int64_t stride = vector_bytes<Bits>(p), high_stride = p.K / kLoadInputs<Bits> * kHighWords<High>;
     const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * kLoadBytes<Bits>;
+    const uint64_t* high = High == 0 ? nullptr : p.high + v0 * high_stride + b0 * kSteps * kHighWords<High>;
     const auto* x = static_cast<const ActivationCode<Bits>*>(p.x.codes) + m0 * p.K + b0 * kBlock;
     const float* x_scale = p.x.scale + m0 * p.KB;
     const float* x_sum = p.x.sum + m0 * p.KB;
+    const int32_t* x_sum16 = p.x.sum16 + m0 * 2 * p.KB;
+    const bool mins = p.mins != nullptr;
+    const int32_t offset = mins ? 0 : 8 << High;
     __m512 acc[MT][NT];
     for (int i = 0; i < MT; ++i)
         for (int j = 0; j < NT; ++j)
             acc[i][j] = _mm512_loadu_ps(part + (i * V + j) * kLanes);
     for (int64_t b = b0; b < b1; ++b, codes += kSteps * kLoadBytes<Bits>, x += kBlock) {
-        __m512i isum[MT][NT];
-        block_sums<Bits, S == Scales::E2M1, kOneRow, MT, NT>(codes, stride, x, p.K, isum);
+        __m512i isum[kHalves][MT][NT];
+        if constexpr (kHalves == 2) {
+            block_sums<Bits, kE2M1, High, kOneRow, 0, kSteps / 2>(codes, stride, high, high_stride, x, p.K, isum[0]);
+            block_sums<Bits, kE2M1, High, kOneRow, kSteps / 2, kSteps / 2>(codes, stride, high, high_stride, x, p.K,
+                                                                           isum[1]);
+        } else {
+            block_sums<Bits, kE2M1, High, kOneRow, 0, kSteps>(codes, stride, high, high_stride, x, p.K, isum[0]);
+        }
+        if constexpr (High > 0)
+            high += kSteps * kHighWords<High>;
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
+            if constexpr (kSuper) {
+                const int64_t at = scale_at(p, v0 + j, b / p.super);
+                d = half16(p.d + at);
+                __m512i a[kHalves], m[kHalves];
+                for (int h = 0; h < kHalves; ++h) {
+                    const int64_t sub_at = table_at(p.KB * kHalves, v0 + j, b * kHalves + h);
+                    a[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sub + sub_at)));
+                    if (mins)
+                        m[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.mins + sub_at)));
+                }
+                _mm_prefetch(reinterpret_cast<const char*>(
+                                 p.sub + table_at(p.KB * kHalves, v0 + j, (b + kScalePrefetch) * kHalves)),
+                             _MM_HINT_T0);
+                if (mins)
+                    z = half16(p.z + at);
+                for (int i = 0; i < MT; ++i) {
+                    const int32_t* xs = x_sum16 + i * 2 * p.KB + 2 * b;
+                    __m512i i1 = _mm512_setzero_si512(), i2 = _mm512_setzero_si512();
+                    for (int h = 0; h < kHalves; ++h) {
+                        const int32_t sum = kHalves == 2 ? xs[h] : xs[0] + xs[1];
+                        i1 = _mm512_add_epi32(i1, _mm512_mullo_epi32(a[h], _mm512_sub_epi32(
+                                                      isum[h][i][j], _mm512_set1_epi32(offset * sum))));
+                        if (mins)
+                            i2 = _mm512_add_epi32(i2, _mm512_mullo_epi32(m[h], _mm512_set1_epi32(sum)));
+                    }
+                    const __m512 s = _mm512_set1_ps(x_scale[i * p.KB + b]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i1), s), d, acc[i][j]);
+                    if (mins)
+                        acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i2), s), z, acc[i][j]);
+                }
+                continue;
+            }
             if constexpr (S != Scales::PerRow) {
                 const int64_t at = scale_at(p, v0 + j, b), ahead = scale_at(p, v0 + j, b + kScalePrefetch);
                 d = half16(p.d + at);
@@ -321,7 +408,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
                 }
             }
             for (int i = 0; i < MT; ++i) {
-                const __m512 f = _mm512_cvtepi32_ps(isum[i][j]);
+                const __m512 f = _mm512_cvtepi32_ps(isum[0][i][j]);
                 const __m512 s = _mm512_set1_ps(x_scale[i * p.KB + b]);
                 if constexpr (S == Scales::PerRow) {
                     acc[i][j] = _mm512_fmadd_ps(f, s, acc[i][j]);
@@ -357,7 +444,7 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
 // One unit of work: vectors [v_begin, v_end) in tiles of up to V, rows [m_begin, m_end), R rows a
 // tile. The blocks are the middle loop so that a tile's codes are read from memory once a chunk
 // and reused by every row tile from cache.
-template <int Bits, Scales S, int R, int V, typename T>
+template <int Bits, Scales S, int High, int R, int V, typename T>
 void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin, int64_t m_end, T* y) {
     const int64_t row_tiles = (m_end - m_begin + R - 1) / R;
     std::vector<float> parts(row_tiles * R * V * kLanes);
@@ -370,7 +457,7 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin
                 float* part = parts.data() + r * R * V * kLanes;
                 tailrace::up_to<R>(std::min<int64_t>(R, m_end - m0), [&](auto mt) {
                     tailrace::up_to<V>(nt, [&](auto vt) {
-                        tile<Bits, S, V, decltype(mt)::value, decltype(vt)::value>(p, m0, v0, b0, b1, part);
+                        tile<Bits, S, High, V, decltype(mt)::value, decltype(vt)::value>(p, m0, v0, b0, b1, part);
                     });
                 });
             }
@@ -388,22 +475,32 @@ void run_tiles(const Problem& p, int64_t v_begin, int64_t v_end, int64_t m_begin
 // alike (without prefetch; 6 vectors the same, int4 at 12 or 16 0.95-1.04x); whole one-row steps
 // with the prefetch above int4 0.86-0.92x, int8 0.83-0.94x (`bench/decode_step.py --quantization
 // int4 --batch 1 --prefill 0` shows the one-row step against its floor).
-template <int Bits, Scales S, typename T>
+template <int Bits, Scales S, int High = 0, typename T>
 void run(const Problem& p, T* y) {
     const int64_t used = (p.N + kLanes - 1) / kLanes;
     tailrace::parallel_vectors(used, kVectors, p.M, kRows, [&](int64_t v0, int64_t v1, int64_t m0, int64_t m1) {
         if (p.M == 1)
-            run_tiles<Bits, S, 1, kOneRowVectors>(p, v0, v1, m0, m1, y);
+            run_tiles<Bits, S, High, 1, kOneRowVectors>(p, v0, v1, m0, m1, y);
         else
-            run_tiles<Bits, S, kRows, kTileVectors>(p, v0, v1, m0, m1, y);
+            run_tiles<Bits, S, High, kRows, kTileVectors>(p, v0, v1, m0, m1, y);
     });
 }
 
+// The forms GGUF's blocks take (gguf_quant.py), and only those, with high bits: Q5_0 and Q5_1
+// (grouped), Q5_K (Super) and Q6_K (SuperHalves); 4-bit K-quants Q4_K (Super), Q3_K and Q2_K
+// (SuperHalves).
 template <int Bits, typename T>
-void run_bits(const Problem& p, T* y) {
+void run_bits(const Problem& p, T* y, int high_bits, int halves) {
     if constexpr (Bits == 4) {
         if (p.e2m1)
             return run<Bits, Scales::E2M1>(p, y);
+        if (p.sub != nullptr) {
+            if (halves == 2)
+                return high_bits == 2 ? run<Bits, Scales::SuperHalves, 2>(p, y) : run<Bits, Scales::SuperHalves>(p, y);
+            return high_bits == 1 ? run<Bits, Scales::Super, 1>(p, y) : run<Bits, Scales::Super>(p, y);
+        }
+        if (high_bits == 1)
+            return p.z != nullptr ? run<Bits, Scales::GroupedWithZero, 1>(p, y) : run<Bits, Scales::Grouped, 1>(p, y);
     }
     if (p.z != nullptr)
         run<Bits, Scales::GroupedWithZero>(p, y);
@@ -419,9 +516,11 @@ void int_linear_bits(const T* x, int64_t M, int64_t K, const tailrace::IntWeight
     const int64_t KB = K / kBlock;
     std::vector<ActivationCode<Bits>> codes(M * K);
     std::vector<float> scale(M * KB), sum(M * KB);
-    quantize_rows(x, M, K, codes.data(), scale.data(), sum.data());
-    run_bits<Bits>(Problem{{codes.data(), scale.data(), sum.data()}, w.codes, w.d, w.z, w.bias, M, K, w.n, KB,
-                           w.vectors, w.groups, w.e2m1}, y);
+    std::vector<int32_t> sum16(2 * M * KB);
+    quantize_rows(x, M, K, codes.data(), scale.data(), sum.data(), sum16.data());
+    run_bits<Bits>(Problem{{codes.data(), scale.data(), sum.data(), sum16.data()}, w.codes, w.high, w.d, w.z, w.sub,
+                           w.mins, w.bias, M, K, w.n, KB, w.vectors, w.groups, w.super, w.e2m1},
+                   y, w.high_bits, w.halves);
 }
 
 template <typename T>
@@ -434,11 +533,15 @@ void int_linear_rows(const T* x, int64_t M, int64_t K, const tailrace::IntWeight
         int_linear_bits<4>(x, M, K, w, y);
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& d,
-                     const c10::optional<torch::Tensor>& z, const c10::optional<torch::Tensor>& bias, int64_t n) {
+torch::Tensor defined(const c10::optional<torch::Tensor>& t) { return t.value_or(torch::Tensor()); }
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const c10::optional<torch::Tensor>& high,
+                     const torch::Tensor& d, const c10::optional<torch::Tensor>& z,
+                     const c10::optional<torch::Tensor>& sub, const c10::optional<torch::Tensor>& mins,
+                     const c10::optional<torch::Tensor>& bias, int64_t n) {
     const int64_t K = x.size(-1);
-    const tailrace::IntWeights w = tailrace::int_weights(codes, d, z ? *z : torch::Tensor(),
-                                                         bias ? *bias : torch::Tensor(), K, n);
+    const tailrace::IntWeights w = tailrace::int_weights(codes, defined(high), d, defined(z), defined(sub),
+                                                         defined(mins), defined(bias), K, n);
     const torch::Tensor rows = x.reshape({-1, K}).contiguous();
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = n;
@@ -450,9 +553,16 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const t
     return y;
 }
 
+// A [NV / 4, groups, 4, 16] table of `type`, as pack_scales lays it out.
+bool is_table(const torch::Tensor& t, torch::ScalarType type, int64_t NV) {
+    return t.scalar_type() == type && t.dim() == 4 && t.size(0) * kVectors == NV && t.size(2) == kVectors &&
+           t.size(3) == kLanes && t.is_contiguous();
+}
+
 }  // namespace
 
-tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& z,
+tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const torch::Tensor& high, const torch::Tensor& d,
+                                           const torch::Tensor& z, const torch::Tensor& sub, const torch::Tensor& mins,
                                            const torch::Tensor& bias, int64_t K, int64_t n) {
     const int bits = codes.scalar_type() == torch::kChar ? 8 : 4;
     const bool e2m1 = codes.scalar_type() == torch::kFloat4_e2m1fn_x2;
@@ -465,19 +575,42 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
                     codes.size(0) % kVectors == 0,
                 "codes must be [NV, K / 2, 32] (int8) or [NV, K / 8, 64] (int4) with NV a multiple of ", kVectors);
     TORCH_CHECK(codes.size(1) == K / inputs_per_load, "input width ", K, " does not match the codes");
-    const int64_t NV = codes.size(0), G = d.size(1);
-    TORCH_CHECK(d.scalar_type() == torch::kHalf && d.dim() == 4 && d.size(0) * kVectors == NV &&
-                    d.size(2) == kVectors && d.size(3) == kLanes && d.is_contiguous() && (G == 1 || G == K / kBlock),
-                "scales must be float16 [NV / 4, 1 or K / 32, 4, 16]");
-    TORCH_CHECK(!z.defined() || (G == K / kBlock && z.sizes() == d.sizes() && z.scalar_type() == torch::kHalf &&
-                                 z.is_contiguous()),
-                "zero points go with grouped scales, in their shape and type");
-    TORCH_CHECK(!e2m1 || (G == K / kBlock && !z.defined()), "E2M1 codes take grouped scales and no zero points");
+    const int64_t NV = codes.size(0), G = d.size(1), KB = K / kBlock;
+    const int high_bits = high.defined() ? static_cast<int>(high.size(2)) : 0;
+    TORCH_CHECK(!high.defined() || (bits == 4 && !e2m1 && high.scalar_type() == torch::kInt64 && high.dim() == 4 &&
+                                    high.size(0) == NV && high.size(1) == K / kLoadInputs<4> && high.size(3) == 2 &&
+                                    (high_bits == 1 || high_bits == 2) && high.is_contiguous()),
+                "high bits go with 4-bit codes, int64 [NV, K / 8, 1 or 2, 2]");
+    TORCH_CHECK(is_table(d, torch::kHalf, NV), "scales must be float16 [NV / 4, groups, 4, 16]");
+    int halves = 0;
+    int64_t super = 1;
+    if (sub.defined()) {
+        halves = static_cast<int>(sub.size(1) / KB);
+        TORCH_CHECK(bits == 4 && !e2m1 && is_table(sub, torch::kChar, NV) && (halves == 1 || halves == 2) &&
+                        sub.size(1) == KB * halves && G > 0 && KB % G == 0,
+                    "integer scales go with 4-bit codes, int8 [NV / 4, K / 32 or K / 16, 4, 16], under float16 ",
+                    "scales per whole number of blocks");
+        TORCH_CHECK(!mins.defined() || (is_table(mins, torch::kChar, NV) && mins.sizes() == sub.sizes() && z.defined()),
+                    "integer mins go in the integer scales' shape, with a float16 min scale");
+        TORCH_CHECK(!z.defined() || mins.defined(), "a min scale goes with integer mins");
+        TORCH_CHECK((high_bits == 0) || (high_bits == 1 && halves == 1) || (high_bits == 2 && halves == 2),
+                    "no kernel for ", 4 + high_bits, "-bit codes with integer scales per ", kBlock / halves, " inputs");
+        super = KB / G;
+    } else {
+        TORCH_CHECK(!mins.defined(), "integer mins go with integer scales");
+        TORCH_CHECK(G == 1 || G == KB, "scales must be one a row or one per 32 inputs");
+        TORCH_CHECK(!z.defined() || (G == KB && is_table(z, torch::kHalf, NV) && z.sizes() == d.sizes()),
+                    "zero points go with grouped scales, in their shape and type");
+        TORCH_CHECK(high_bits <= 1 && (high_bits == 0 || G == KB), "5-bit codes take grouped scales");
+    }
+    TORCH_CHECK(!e2m1 || (G == KB && !z.defined()), "E2M1 codes take grouped scales and no zero points");
     TORCH_CHECK(n <= NV * kLanes, "more outputs than the codes hold");
     TORCH_CHECK(!bias.defined() || (bias.scalar_type() == torch::kFloat && bias.numel() >= n), "bias must be float32");
-    return {static_cast<const uint8_t*>(codes.data_ptr()), bits, d.data_ptr<at::Half>(),
-            z.defined() ? z.data_ptr<at::Half>() : nullptr, bias.defined() ? bias.data_ptr<float>() : nullptr, NV, G,
-            n, e2m1};
+    auto pointer = [](const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+    return {static_cast<const uint8_t*>(codes.data_ptr()), bits, static_cast<const uint64_t*>(pointer(high)), high_bits,
+            d.data_ptr<at::Half>(), static_cast<const at::Half*>(pointer(z)), static_cast<const int8_t*>(pointer(sub)),
+            static_cast<const int8_t*>(pointer(mins)), halves, bias.defined() ? bias.data_ptr<float>() : nullptr, NV,
+            G, super, n, e2m1};
 }
 
 void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y) {
@@ -486,5 +619,6 @@ void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const
 
 void register_int_linear(pybind11::module& m) {
     m.def("int_linear", &linear,
-          "y = x @ W.T + bias for W = codes * d (+ z): int8 or 4-bit codes packed as in int_linear.cpp (AVX512-VNNI)");
+          "y = x @ W.T + bias for W = codes * d (+ z), or GGUF's super-blocks: int8 or 4- to 6-bit codes packed as "
+          "in int_linear.cpp (AVX512-VNNI)");
 }

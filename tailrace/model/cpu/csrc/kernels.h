@@ -57,17 +57,22 @@ bool amx_active();
 
 // int_linear.cpp: integer codes with float16 scales (see there for the layouts).
 struct IntWeights {
-    const uint8_t* codes;  // int8 [vectors][k / 2][32], or 4-bit pairs [vectors][k / 4][32]
-    int bits;              // 8 or 4
-    const at::Half* d;     // [vectors][groups][16]
-    const at::Half* z;     // like d, or nullptr
-    const float* bias;     // [n] or nullptr
-    int64_t vectors, groups, n;
-    bool e2m1;             // 4-bit codes of E2M1 values (MXFP4), not counts from zero
+    const uint8_t* codes;   // int8 [vectors][k / 2][32], or 4-bit pairs [vectors][k / 8][64]
+    int bits;               // 8 or 4
+    const uint64_t* high;   // 4-bit codes' bits 4 and 5: [vectors][k / 8][high_bits][2] byte masks, or nullptr
+    int high_bits;          // 0, 1 (5-bit codes) or 2 (6-bit)
+    const at::Half* d;      // [vectors / 4][groups][4][16]
+    const at::Half* z;      // like d, or nullptr
+    const int8_t* sub;      // GGUF's K-quant blocks: integer scales [vectors / 4][k / 32 * halves][4][16], or nullptr
+    const int8_t* mins;     // like sub, or nullptr
+    int halves;             // sub's entries per 32 inputs: 1 or 2
+    const float* bias;      // [n] or nullptr
+    int64_t vectors, groups, super, n;  // super: blocks of 32 per d (and z) entry where sub is given, else 1
+    bool e2m1;              // 4-bit codes of E2M1 values (MXFP4), not counts from zero
 };
-// The weights of a packed IntLinear's tensors (z, bias undefined for none), checked against k and n.
-IntWeights int_weights(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& z, const at::Tensor& bias,
-                       int64_t k, int64_t n);
+// The weights of a packed IntLinear's tensors (undefined where it has none), checked against k and n.
+IntWeights int_weights(const at::Tensor& codes, const at::Tensor& high, const at::Tensor& d, const at::Tensor& z,
+                       const at::Tensor& sub, const at::Tensor& mins, const at::Tensor& bias, int64_t k, int64_t n);
 // y [rows][n] = x [rows][k] @ W.T (+ bias).
 void int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y);
 
