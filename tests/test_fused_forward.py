@@ -23,7 +23,7 @@ from tailrace.model.decoder.config import parse_model_config
 from tailrace.model.decoder.layer_plan import NORMS, Step
 from tailrace.model.decoder.llama import LlamaForCausalLM
 from tailrace.model.loading.loader import load_model
-from tailrace.model.quant import quantize_model
+from tailrace.model.quant import linear_for, quantize_int4, quantize_int8, quantize_model
 
 pytestmark = pytest.mark.skipif(not bf16_linear.available(), reason="no tailrace CPU kernels here")
 
@@ -164,6 +164,22 @@ def test_lookups_in_a_tied_int8_heads_codes_give_the_per_module_bits(grouped):
         codes = table.div(scales).round().to(torch.int8).flatten(1)
         model.lm_head = int_linear.IntLinear(codes, scales.squeeze(-1), None, None)
     model.model.embed_tokens = int_linear.IntEmbedding(model.lm_head, model.dtype)
+    model.model.fused_forward = cpu_ops.FusedForward(model)
+    assert_one_call_gives_the_per_module_bits(model)
+
+
+@needs_int_kernel
+def test_a_projection_in_parts_of_different_forms_gives_the_per_module_bits():
+    """IntLinearParts (a Q4_K_M file's Q4_K q and k beside its Q6_K v): each part's outputs in its
+    own columns of the one call's rows, biases included."""
+    model = random_model("qwen2", quantization="int4")
+    g = torch.Generator().manual_seed(5)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        weight, bias = torch.randn(attn.qkv_proj.out_features, attn.qkv_proj.in_features, generator=g) * 0.06, \
+            attn.qkv_proj.bias
+        attn.qkv_proj = int_linear.IntLinearParts([linear_for(quantize_int4(weight[:256]), bias[:256]),
+                                                   linear_for(quantize_int8(weight[256:]), bias[256:])])
     model.model.fused_forward = cpu_ops.FusedForward(model)
     assert_one_call_gives_the_per_module_bits(model)
 

@@ -1,3 +1,4 @@
+import json
 import subprocess
 
 import numpy as np
@@ -8,7 +9,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
-from gguf_writer import llama_permute, write_gguf, write_out
+from gguf_writer import EMBEDDED, llama_permute, write_gguf, write_out
 
 from tailrace.bench.peers.llamacpp import convert_command
 from tailrace.model.cpu import int_linear
@@ -16,8 +17,8 @@ from tailrace.model.cpu.kernel_ops import activation_codes, same_bits
 from tailrace.model.cpu.kernels import load_build
 from tailrace.model.decoder.llama import Linear
 from tailrace.model.loading import gguf as tailrace_gguf
-from tailrace.model.loading.gguf_quant import (decode_blocks, quantized_linear, stacked_linear, unpermute_rotary_rows,
-                                               use_gguf_blocks)
+from tailrace.model.loading.gguf_quant import (decode_blocks, lookup_table, quantized_linear, stacked_linear,
+                                               unpermute_rotary_rows, use_gguf_blocks)
 from tailrace.model.loading.loader import load_model
 
 OUT, IN = 48, 512  # two K-quant super-blocks per row; rows in tiles of 16 for the int4 kernel
@@ -155,10 +156,24 @@ def test_reader_tensor_decodes_as_written(tmp_path) -> None:
     assert all(torch.equal(getattr(read, field), getattr(written, field)) for field in ("codes", "scales", "zeros"))
 
 
-def test_parts_of_different_types_stay_unstacked(tmp_path) -> None:
-    parts = _read_back(str(tmp_path / "w.gguf"), {"blk.0.attn_k.weight": (Q.Q4_0, _raw(Q.Q4_0)),
-                                                  "blk.0.attn_v.weight": (Q.Q8_0, _raw(Q.Q8_0))})
-    assert stacked_linear(list(parts.values()), {}, None) is None
+@needs_kernel
+def test_parts_of_different_types_give_their_outputs_side_by_side(tmp_path) -> None:
+    """A Q4_K_M file's qkv_proj: q and k in Q4_K stacked, v in Q6_K beside them, each the file's
+    own weights; parts of other types than the last in whole tiles of rows only."""
+    q, k, v = _raw(Q.Q4_K, (64, IN), 1), _raw(Q.Q4_K, (64, IN), 2), _raw(Q.Q6_K, (OUT, IN), 3)
+    parts = _read_back(str(tmp_path / "w.gguf"), {"blk.0.attn_q.weight": (Q.Q4_K, q), "blk.0.attn_k.weight": (Q.Q4_K, k),
+                                                  "blk.0.attn_v.weight": (Q.Q6_K, v)})
+    bias = torch.randn(128 + OUT)
+    layer = stacked_linear(list(parts.values()), {}, bias)
+    assert isinstance(layer, int_linear.IntLinearParts) and [p.out_features for p in layer.parts] == [128, OUT]
+    weight = torch.cat([torch.from_numpy(dequantize(raw, t)).reshape(-1, IN) for raw, t in
+                        ((q, Q.Q4_K), (k, Q.Q4_K), (v, Q.Q6_K))])
+    x = torch.randn(3, IN)
+    expected = activation_codes(x, 4) @ weight.double().t() + bias.double()
+    assert float((layer(x).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    ragged = _read_back(str(tmp_path / "r.gguf"), {"blk.0.attn_k.weight": (Q.Q4_K, q[:OUT]),
+                                                   "blk.0.attn_v.weight": (Q.Q6_K, v)})
+    assert stacked_linear(list(ragged.values()), {}, None) is None
 
 
 def test_type_without_block_mapping_returns_none() -> None:
@@ -242,12 +257,27 @@ def test_a_quantized_gguf_is_served_from_its_blocks_unless_floats_are_asked_for(
 
 
 @needs_kernel
+@pytest.mark.parametrize("tensor_type", PORTABLE + KERNEL_ONLY)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lookups_in_codes_give_gguf_dequantized_rows_rounded_once(tensor_type: Q, dtype) -> None:
+    """IntEmbedding over a table's blocks: each row the float32 values gguf's dequantization
+    gives, rounded to the dtype, as a table dequantized at load holds them."""
+    raw = _raw(tensor_type)
+    table = torch.from_numpy(dequantize(raw, tensor_type)).reshape(OUT, IN).to(dtype)
+    lookup = int_linear.IntEmbedding(quantized_linear(tensor_type, raw, (OUT, IN)), dtype)
+    ids = torch.tensor([[0, 17, OUT - 1], [5, 5, 40]])
+    assert torch.equal(lookup(ids), table[ids])
+    assert torch.equal(lookup(torch.arange(OUT)), table)
+
+
+@needs_kernel
+@pytest.mark.parametrize("tensor_type", [Q.Q8_0, Q.Q4_0, Q.Q5_1])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_tied_q8_0_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_path, dtype,
-                                                                                  monkeypatch) -> None:
+def test_a_tied_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_path, tensor_type, dtype,
+                                                                            monkeypatch) -> None:
     """The head's codes serve the lookups (IntEmbedding), row for row the values the dequantizing
     loader puts in the table, which it neither reads nor keeps beside them."""
-    path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0))
+    path = str(write_gguf(tmp_path / "tiny.gguf", tensor_type))
     floats, config = load_model(path, dtype=dtype)
     dequantized = []
     real = tailrace_gguf.dequantize
@@ -262,6 +292,25 @@ def test_a_tied_q8_0_table_is_held_once_and_looked_up_as_the_float_load_reads_it
     assert torch.equal(lookup(ids), floats.model.embed_tokens(ids))
 
 
+@needs_kernel
+def test_an_untied_table_is_looked_up_in_its_own_codes(tmp_path, monkeypatch) -> None:
+    """With a head of its own (here float32), the table's blocks serve the lookups and are never
+    dequantized whole."""
+    config = json.loads((EMBEDDED / "config.json").read_text())
+    head = np.random.default_rng(0).standard_normal((config["vocab_size"], config["hidden_size"])).astype(np.float32)
+    path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0, extra_tensors={"output.weight": head}))
+    floats, _ = load_model(path, dtype="float32")
+    dequantized = []
+    real = tailrace_gguf.dequantize
+    monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
+    blocks, _ = load_model(path, dtype="float32", quantization="int8")
+    assert "token_embd.weight" not in dequantized
+    lookup = blocks.model.embed_tokens
+    assert isinstance(lookup, int_linear.IntEmbedding) and lookup.codes is not getattr(blocks.lm_head, "codes", None)
+    ids = torch.arange(config["vocab_size"])
+    assert torch.equal(lookup(ids), floats.model.embed_tokens(ids))
+
+
 def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monkeypatch) -> None:
     """The projections built from blocks leave their float weights unread (what lets a file larger
     than its float weights load), and the model is the one a float load then use_gguf_blocks makes."""
@@ -271,10 +320,11 @@ def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monk
     monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     model, _ = load_model(path, quantization="int4")
     blocks = {t.name for t in GGUFReader(path).tensors if t.tensor_type == Q.Q4_0}
-    assert blocks - {"token_embd.weight"} and not blocks & set(dequantized) - {"token_embd.weight"}
+    assert blocks and not blocks & set(dequantized) - ({"token_embd.weight"} if lookup_table(GGUFReader(path)) is None else set())
     monkeypatch.setattr(tailrace_gguf, "dequantize", real)
     whole, _ = load_model(path)
-    use_gguf_blocks(whole, GGUFReader(path))
+    reader = GGUFReader(path)
+    use_gguf_blocks(whole, reader, table=lookup_table(reader))
     ours, theirs = model.state_dict(), whole.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)

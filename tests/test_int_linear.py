@@ -51,13 +51,6 @@ def test_a_lookup_in_an_int8_heads_codes_gives_its_rows_dequantized_once(rows, g
     assert torch.equal(lookup(torch.arange(rows)), table)
 
 
-@needs_kernel
-def test_a_4_bit_head_with_zero_points_serves_no_lookups():
-    scales = torch.ones(16, 1)
-    with pytest.raises(ValueError, match="int8 codes without zero points"):
-        IntEmbedding(IntLinear(torch.zeros(16, 32, dtype=torch.uint8), scales, scales, None), torch.bfloat16)
-
-
 def test_int4_codes_pack_eight_inputs_of_a_lane_to_four_bytes():
     codes = torch.randint(0, 16, (20, 64), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     packed = pack_codes(codes)

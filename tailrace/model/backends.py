@@ -27,7 +27,7 @@ from tailrace.model.attention.kv_cache import plain_attention
 from tailrace.model.attention.paged import native_takes
 from tailrace.model.cpu import bf16_linear, int_linear, kernels as cpu_kernels, ops as cpu_ops
 from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding, kernel_linear
-from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
+from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear, IntLinearParts
 from tailrace.model.cpu.linear import packable
 from tailrace.model.cpu.ops import is_kernel_norm, runs_kernel
 from tailrace.model.decoder.layer_plan import norms_of
@@ -39,7 +39,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 TRITON_OPS_DTYPES = (torch.bfloat16, torch.float16)  # a float32 CUDA model keeps PyTorch's reference ops
 KERNEL_NAMES = {"tailrace": "tailrace", "triton": "Triton", "pytorch": "PyTorch"}
 # The projections the whole-forward loop runs at each dtype.
-FUSED_PROJECTIONS = {torch.bfloat16: (Bf16Linear, IntLinear), torch.float32: (Float32Linear,)}
+FUSED_PROJECTIONS = {torch.bfloat16: (Bf16Linear, IntLinear, IntLinearParts), torch.float32: (Float32Linear,)}
 
 
 class BackendError(RuntimeError):

@@ -14,6 +14,7 @@ Like bf16_linear, the kernel gives each row the same bits whatever the batch or 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from tailrace.model.cpu.bf16_linear import padded, pair_layout
 from tailrace.model.cpu.kernels import kernels, target
@@ -21,6 +22,7 @@ from tailrace.model.decoder.llama import Module
 
 _LANES = 16
 _TILE_VECTORS = 4  # the kernel's outputs per tile are 4 vectors: whole tiles only
+TILE_ROWS = _LANES * _TILE_VECTORS
 BLOCK = 32  # inputs per activation scale, and per weight group where the scales are grouped
 
 
@@ -99,25 +101,36 @@ class IntLinear(Module):
                             self.out_features)
 
 
-class IntEmbedding(Module):
-    """A tied model's lookup read out of its int8 head's codes and scales, so the table is held once
-    (Gemma 3's in a Q4_K_M file, Q8_0: 0.3 GB, where a bfloat16 copy beside it took 0.6): row n is
-    lane n % 16 of vector n // 16 (pack_codes, pack_scales), each value times its group's scale in
-    float32, then rounded to `dtype` once, as dequantizing the table at load rounded it."""
+class IntLinearParts(Module):
+    """Rows of different forms stacked in one projection (a Q4_K_M file's q and k in Q4_K beside its
+    v in Q6_K), each part's IntLinear giving its outputs side by side. Every part but the last
+    holds whole tiles of rows (TILE_ROWS), so that the fused forward knows each part's outputs from
+    its codes."""
 
-    def __init__(self, head: IntLinear, dtype: torch.dtype) -> None:
+    def __init__(self, parts: list[IntLinear]) -> None:
         super().__init__()
-        if head.codes.dtype != torch.int8 or head.zeros is not None:
-            raise ValueError("a lookup reads int8 codes without zero points")
-        vectors, pairs, _ = head.codes.shape
-        self.codes, self.scales, self.dtype = head.codes, head.scales, dtype
-        self._lanes = head.codes.view(vectors, pairs, _LANES, 2)  # [vectors, K / 2, lane, the pair's two codes]
-        self.width = 2 * pairs
+        if any(part.out_features % TILE_ROWS for part in parts[:-1]):
+            raise ValueError(f"every part but the last must hold whole tiles of {TILE_ROWS} rows")
+        self.parts = nn.ModuleList(parts)
+        self.in_features, self.out_features = parts[0].in_features, sum(part.out_features for part in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+class IntEmbedding(Module):
+    """A lookup read out of integer codes as IntLinear packs them: a tied model's head's, so the
+    table is held once, or a GGUF table's own blocks, never dequantized whole (Llama 3.2 1B's in a
+    Q4_K_M file, Q6_K: 0.2 GB, where bfloat16 took 0.5). Row n's weights are computed in float32
+    as quant.IntWeight.dequantize (and gguf's dequantization) computes them, then rounded to `dtype`
+    once, as dequantizing the table at load rounded it."""
+
+    def __init__(self, table: IntLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.codes, self.dtype, self.rows = table.codes, dtype, table.out_features
+        # what DecoderForward.set_outer takes, as IntLinear holds it
+        self.buffers_in_order = [table.codes, table.high, table.scales, table.zeros, table.sub, table.mins]
+        self.width = table.in_features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        vector, lane = ids // _LANES, ids % _LANES
-        codes = self._lanes[vector, :, lane, :]  # [..., K / 2, 2]
-        scales = self.scales[vector // _TILE_VECTORS, :, vector % _TILE_VECTORS, lane].float()  # [..., groups]
-        groups = scales.shape[-1]
-        rows = codes.reshape(*ids.shape, groups, self.width // groups).float() * scales.unsqueeze(-1)
-        return rows.reshape(*ids.shape, self.width).to(self.dtype)
+        return kernels().int_rows(ids, *self.buffers_in_order, self.rows).to(self.dtype)

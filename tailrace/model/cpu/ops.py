@@ -26,7 +26,7 @@ from tailrace.model.attention.paged import PagedKVCache
 from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
 from tailrace.heap import release_freed
 from tailrace.model.cpu.huge_pages import Arena
-from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear
+from tailrace.model.cpu.int_linear import IntEmbedding, IntLinear, IntLinearParts
 from tailrace.model.cpu.kernels import kernels
 from tailrace.model.cpu.linear import pack_linears, pack_routers
 from tailrace.model.decoder.config import ModelConfig
@@ -91,12 +91,12 @@ class FusedForward:
         for layer, layer_plan in zip(model.model.layers, plan.layers):
             self._add_layer(layer, layer_plan, table_index)
         embed = model.model.embed_tokens
-        table, packed, scales = ((embed.codes, True, embed.scales) if isinstance(embed, IntEmbedding)
-                                 else (embed.packed, True, None) if isinstance(embed, PackedEmbedding)
-                                 else (embed.weight, False, None))
+        table, packed, codes = ((torch.empty(0), False, embed.buffers_in_order) if isinstance(embed, IntEmbedding)
+                                else (embed.packed, True, []) if isinstance(embed, PackedEmbedding)
+                                else (embed.weight, False, []))
         self._forward.set_outer(embedding=table, packed=packed,
                                 rotary=[t for table in tables for t in (table.cos, table.sin)],
-                                final_norm=model.model.norm.weight, embedding_scales=scales)
+                                final_norm=model.model.norm.weight, embedding_codes=codes)
 
     def _add_layer(self, layer: DecoderLayer, plan: LayerPlan, table_index: dict[str, int]) -> None:
         """One layer's plan and weights: its steps as the module runs them (layer_plan.layer_steps),
@@ -128,8 +128,11 @@ class FusedForward:
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
 _STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "high", "scales", "zeros", "sub", "mins")}
-def _buffers(projection: Bf16Linear | Float32Linear | IntLinear) -> list[torch.Tensor | None]:
-    """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias."""
+def _buffers(projection: Bf16Linear | Float32Linear | IntLinear | IntLinearParts) -> list[torch.Tensor | None]:
+    """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias
+    (part after part)."""
+    if isinstance(projection, IntLinearParts):
+        return [buffer for part in projection.parts for buffer in _buffers(part)]
     return [getattr(projection, name) for name in _STREAMED[type(projection)]] + [projection.bias]
 
 
@@ -148,6 +151,8 @@ def gather_weights(model: LlamaForCausalLM) -> None:
              for name in _STREAMED[type(module)] if getattr(module, name) is not None]
     if not slots:
         return
+    embed = model.model.embed_tokens
+    tied = isinstance(embed, IntEmbedding) and embed.codes is getattr(model.lm_head, "codes", None)
     arena = Arena(Arena.size_of([getattr(module, name) for module, name in slots]))
     moved = 0
     for module, name in slots:
@@ -158,10 +163,9 @@ def gather_weights(model: LlamaForCausalLM) -> None:
             moved = 0
     release_freed()
     # the lookups read the head's moved table
-    embed = model.model.embed_tokens
     if isinstance(embed, PackedEmbedding):
         model.model.embed_tokens = PackedEmbedding(model.lm_head)
-    elif isinstance(embed, IntEmbedding):
+    elif tied:
         model.model.embed_tokens = IntEmbedding(model.lm_head, embed.dtype)
 
 

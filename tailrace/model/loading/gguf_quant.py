@@ -114,10 +114,11 @@ def _expert_projections(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) 
 
 
 def _mapped(parts: tuple[ReaderTensor, ...]) -> bool:
-    """Whether the parts share one mapped type: rows are independent in every block format, so
-    stacking raw rows is exact. A Q4_K_M file's Q6_K attn_v, for one, leaves its fused qkv_proj
-    in float."""
-    return len({part.tensor_type for part in parts}) == 1 and _mapped_type(parts[0].tensor_type)
+    """Whether every part has a mapped type: rows are independent in every block format, so stacking
+    raw rows of one type is exact, and parts of different types (a Q4_K_M file's Q4_K attn_q and
+    attn_k beside its Q6_K attn_v) are IntLinearParts on tailrace's kernel."""
+    types = {part.tensor_type for part in parts}
+    return all(_mapped_type(t) for t in types) and (len(types) == 1 or int_linear.available())
 
 
 def _mapped_type(tensor_type: Q) -> bool:
@@ -125,14 +126,25 @@ def _mapped_type(tensor_type: Q) -> bool:
     return tensor_type in MAPPED_TYPES and (tensor_type in _PORTABLE_TYPES or int_linear.available())
 
 
-def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
-                    projections: list[BlockProjection] | None = None) -> list[str]:
+def lookup_table(reader: GGUFReader) -> ReaderTensor | None:
+    """The embedding table where its lookups read its blocks (IntEmbedding) rather than a
+    dequantized copy: a mapped type, on tailrace's kernel."""
+    table = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if table is None or not int_linear.available() or not _mapped_type(table.tensor_type) \
+            or not int_linear.takes(int(table.shape[0])):
+        return None
+    return table
+
+
+def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader, projections: list[BlockProjection] | None = None,
+                    table: ReaderTensor | None = None) -> list[str]:
     """The `projections` (by default every one block_projections finds) replaced in place by
     quantized modules built from the file's blocks; the others keep the float weights the loader
-    dequantized; a tied table stored in Q8_0 is then looked up in the head's codes (IntEmbedding).
-    CPU only (the integer kernels are). Returns the replaced projections' paths."""
+    dequantized. Given the `table` (lookup_table's), the lookups read its codes (IntEmbedding):
+    the head's where the head is that table tied, else its own. CPU only (the integer kernels
+    are). Returns the replaced projections' paths."""
     rotary_heads = _rotary_heads(reader)
-    replaced = []
+    replaced, head_parts = [], ()
     layer = None
     for p in block_projections(model, reader) if projections is None else projections:
         if p.path.split(".")[:3] != layer:
@@ -146,38 +158,50 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader,
         if module is not None:
             setattr(p.parent, p.name, module)
             replaced.append(p.path)
-            if is_table_head(p):
-                model.model.embed_tokens = int_linear.IntEmbedding(module, model.dtype)
+            if p.path == "lm_head":
+                head_parts = p.parts
+    if table is not None:
+        tied = head_parts == (table,) and isinstance(model.lm_head, int_linear.IntLinear)
+        codes = model.lm_head if tied else stacked_linear([table], {}, None)
+        model.model.embed_tokens = int_linear.IntEmbedding(codes, model.dtype)
     release_freed()
     return replaced
-
-
-def is_table_head(projection: BlockProjection) -> bool:
-    """Whether `projection` is a tied head over a Q8_0 table on tailrace's kernel, an IntLinear
-    whose int8 codes then serve the lookups too (IntEmbedding): a code times its block's scale in
-    float32 is the value dequantizing the table gives, so the loader need not read the table."""
-    table = projection.parts[0]
-    return (projection.path == "lm_head" and table.name == "token_embd.weight" and table.tensor_type == Q.Q8_0
-            and int_linear.available())
 
 
 def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias: torch.Tensor | None,
                    row_order: np.ndarray | None = None, expert: int | None = None) -> nn.Module | None:
     """One projection over the parts' rows stacked (then in `row_order`, where given), of one
-    `expert`'s rows where the parts stack experts, as long as the parts share one mapped type (else
-    None), and a kernel takes the shape."""
+    `expert`'s rows where the parts stack experts, as long as every part has a mapped type (else
+    None) and a kernel takes the shape. Consecutive parts of one type stack into one IntLinear;
+    where types differ, those go side by side (IntLinearParts), given no `row_order` across them
+    and whole tiles of rows before the last."""
     if not _mapped(tuple(parts)):
         return None
-    rows = []
+    runs: list[tuple[Q, list[np.ndarray]]] = []
     for part in parts:
         kind = part.name.split(".")[-2]
         raw = np.asarray(part.data) if expert is None else np.asarray(part.data)[expert]
-        rows.append(unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw)
-    raw = np.concatenate(rows)
-    if row_order is not None:
-        raw = raw[row_order]
-    block_size, type_size = GGML_QUANT_SIZES[parts[0].tensor_type]
-    return quantized_linear(parts[0].tensor_type, raw, (raw.shape[0], raw.shape[1] // type_size * block_size), bias)
+        raw = unpermute_rotary_rows(raw, rotary_heads[kind]) if kind in rotary_heads else raw
+        if runs and runs[-1][0] == part.tensor_type:
+            runs[-1][1].append(raw)
+        else:
+            runs.append((part.tensor_type, [raw]))
+    if len(runs) > 1 and (row_order is not None or any(
+            sum(r.shape[0] for r in rows) % int_linear.TILE_ROWS for _, rows in runs[:-1])):
+        return None
+    modules, first = [], 0
+    for tensor_type, rows in runs:
+        raw = np.concatenate(rows)
+        if row_order is not None:
+            raw = raw[row_order]
+        block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+        part_bias = None if bias is None else bias[first:first + raw.shape[0]]
+        modules.append(quantized_linear(tensor_type, raw, (raw.shape[0], raw.shape[1] // type_size * block_size),
+                                        part_bias))
+        first += raw.shape[0]
+    if any(module is None for module in modules):
+        return None
+    return modules[0] if len(modules) == 1 else int_linear.IntLinearParts(modules)
 
 
 def _rotary_heads(reader: GGUFReader) -> dict[str, int]:

@@ -21,7 +21,7 @@ from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context
 from tailrace.model.decoder.llama import (LayerNorm, Linear, LlamaForCausalLM, PooledDense, RMSNorm,
                                           reorder_rotary_dims)
 from tailrace.model.loading import gguf, gguf_file
-from tailrace.model.loading.gguf_quant import block_projections, is_table_head, use_gguf_blocks
+from tailrace.model.loading.gguf_quant import block_projections, lookup_table, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
 from tailrace.model.loading.mxfp4 import dequantize_mxfp4, e2m1_codes
 from tailrace.model.loading.st_modules import dense_modules, logit_score_tokens
@@ -129,17 +129,20 @@ def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantiza
     """The GGUF file's weights into `model` (`config`: the whole model's); unsharded and quantized,
     the file's own codes where they map, their float weights never read (quantize_model does the rest)."""
     reader = gguf_file.open_gguf(path)
-    blocks = block_projections(model, reader) if quantization is not None and shard is None else []
+    from_blocks = quantization is not None and shard is None
+    blocks = block_projections(model, reader) if from_blocks else []
+    table = lookup_table(reader) if from_blocks else None
     supplied = {f"{p.path}.weight" for p in blocks}
     unread = {part.name for p in blocks for part in p.parts}
-    if any(is_table_head(p) for p in blocks):  # the lookups read the head's codes
+    if table is not None:  # the lookups read its codes
         supplied.add("model.embed_tokens.weight")
+        unread.add(table.name)
     else:
         unread.discard("token_embd.weight")  # the table the lookups read
     tensors = gguf.checkpoint_tensors(reader, skip=unread)
     load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
     reorder_rotary_dims(model)
-    use_gguf_blocks(model, reader, blocks)
+    use_gguf_blocks(model, reader, blocks, table)
     gguf_file.release_pages(reader)
 
 

@@ -35,11 +35,12 @@ using BF16 = c10::BFloat16;
 using tailrace::kLanes;
 
 // A projection as its kernel holds it: weights packed for bf16_linear / f32_linear, or integer codes
-// for int_linear (Bf16Linear's, Float32Linear's or IntLinear's buffers).
+// for int_linear (Bf16Linear's, Float32Linear's or IntLinear's buffers; IntLinearParts' parts,
+// each giving its outputs side by side).
 struct Projection {
     torch::Tensor packed;  // the model's dtype, [vectors, K / 2, 32], or undefined
-    tailrace::IntWeights codes;
-    std::vector<torch::Tensor> keep;  // the IntLinear's buffers `codes` points into
+    std::vector<tailrace::IntWeights> parts;
+    std::vector<torch::Tensor> keep;  // the IntLinears' buffers `parts` point into
     torch::Tensor bias;    // float32, padded to whole vectors, or undefined
 };
 
@@ -188,21 +189,19 @@ public:
     // of vector n / 16 in pairs (bfloat16: a pair's values side by side; float32: 16 lanes apart);
     // the rotary tables [positions, head_dim] (float32, as llama.Rotary builds them), the global
     // one's then the local one's (as cos, sin, cos, sin; the same positions); the final norm's weight.
-    // With `embedding_scales` the packed table is a tied int8 head's (int_linear.IntEmbedding): codes
-    // [vectors, hidden / 2, 32] int8, the pairs side by side, vectors in whole tiles of 4; scales
-    // [vectors / 4, groups, 4, 16] float16, a group's scale for each of a tile's 64 rows.
+    // With `embedding_codes` (int_linear.IntEmbedding's: [codes, high, scales, zeros, sub, mins] as
+    // an IntLinear holds them) the table is integer codes and `embedding` is unused.
     void set_outer(const torch::Tensor& embedding, bool packed, const std::vector<torch::Tensor>& rotary,
-                   const torch::Tensor& final_norm, const c10::optional<torch::Tensor>& embedding_scales) {
-        const torch::Tensor scales = defined(embedding_scales);
-        if (scales.defined()) {
-            TORCH_CHECK(packed && embedding.scalar_type() == torch::kInt8 && embedding.is_contiguous() &&
-                        embedding.dim() == 3 && embedding.size(0) % 4 == 0 && embedding.size(0) * kLanes >= vocab_ &&
-                        embedding.size(1) == hidden_ / 2 && embedding.size(2) == 2 * kLanes,
-                        "int8 embedding codes must be [whole tiles of 4 vectors of 16 rows, ", hidden_ / 2, ", 32]");
-            TORCH_CHECK(scales.scalar_type() == torch::kFloat16 && scales.is_contiguous() && scales.dim() == 4 &&
-                        scales.size(0) * 4 == embedding.size(0) && scales.size(1) > 0 &&
-                        hidden_ % scales.size(1) == 0 && scales.size(2) == 4 && scales.size(3) == kLanes,
-                        "int8 embedding scales must be float16 [tiles, groups, 4, 16]");
+                   const torch::Tensor& final_norm, const Buffers& embedding_codes) {
+        if (!embedding_codes.empty()) {
+            TORCH_CHECK(embedding_codes.size() == 6 && embedding_codes[0] && embedding_codes[2],
+                        "embedding codes are [codes, high, scales, zeros, sub, mins]");
+            std::vector<torch::Tensor> keep;
+            for (const auto& buffer : embedding_codes)
+                keep.push_back(defined(buffer));
+            embedding_codes_ = tailrace::int_weights(keep[0], keep[1], keep[2], keep[3], keep[4], keep[5],
+                                                     torch::Tensor(), hidden_, vocab_);
+            embedding_keep_ = keep;
         } else {
             TORCH_CHECK(embedding.scalar_type() == kType && embedding.is_contiguous(),
                         "the embedding must be contiguous ", kName);
@@ -221,7 +220,6 @@ public:
             TORCH_CHECK(2 * layer.rope < static_cast<int64_t>(rotary.size()), "a layer's rotary table is missing");
         check_norm(final_norm, hidden_);
         embedding_ = embedding;
-        embedding_scales_ = scales;
         packed_embedding_ = packed;
         rotary_ = rotary;
         final_norm_ = final_norm;
@@ -237,7 +235,7 @@ public:
                           const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
                           const torch::Tensor& block_tables, int64_t block_size, int64_t num_seqs,
                           const c10::optional<torch::Tensor>& wanted) const {
-        TORCH_CHECK(embedding_.defined(), "set_outer must come before forward");
+        TORCH_CHECK(embedding_.defined() || !embedding_keep_.empty(), "set_outer must come before forward");
         check_step(ids, positions, k_pages, v_pages, slot_mapping, query_start_loc, seq_lens, block_tables);
         if (wanted)
             check_wanted(*wanted, ids.size(0));
@@ -363,15 +361,12 @@ private:
                         " is past the rotary tables' ", table_rows);
             Scalar* row = data<Scalar>(h) + t * hidden_;
             const int64_t lane = id[t] % kLanes;
-            if (embedding_scales_.defined()) {
-                // lane id % 16 of vector id / 16, each code times its group's scale in float32, rounded once
-                const int64_t vector = id[t] / kLanes, groups = embedding_scales_.size(1), width = hidden_ / groups;
-                const int8_t* codes = embedding_.data_ptr<int8_t>() + vector * pairs * 2 * kLanes + 2 * lane;
-                const at::Half* scale = embedding_scales_.data_ptr<at::Half>() + vector / 4 * groups * 4 * kLanes +
-                                        vector % 4 * kLanes + lane;
+            if (!embedding_keep_.empty()) {
+                // the row's weights in float32, rounded once, as dequantizing the table at load rounds them
+                std::vector<float> weights(hidden_);
+                tailrace::int_weight_row(embedding_codes_, id[t], hidden_, weights.data());
                 for (int64_t i = 0; i < hidden_; ++i)
-                    row[i] = static_cast<Scalar>(static_cast<float>(codes[i / 2 * 2 * kLanes + i % 2]) *
-                                                 static_cast<float>(scale[i / width * 4 * kLanes]));
+                    row[i] = static_cast<Scalar>(weights[i]);
             } else if (packed_embedding_) {
                 if constexpr (std::is_same_v<Scalar, float>) {
                     // lane id % 16 of vector id / 16: pair kp's two values 16 lanes apart
@@ -548,7 +543,9 @@ private:
             tailrace::bf16_linear(data<Scalar>(x), data<Scalar>(p.packed), p.packed.size(0), bias, data<Scalar>(y),
                                   x.size(0), x.size(1), y.size(1));
         else
-            tailrace::int_linear(data<Scalar>(x), x.size(0), x.size(1), p.codes, data<Scalar>(y));
+            for (int64_t i = 0, first = 0; i < static_cast<int64_t>(p.parts.size()); first += p.parts[i++].n)
+                tailrace::int_linear(data<Scalar>(x), x.size(0), x.size(1), p.parts[i], data<Scalar>(y) + first,
+                                     y.size(1));
     }
 
     static torch::Tensor defined(const c10::optional<torch::Tensor>& t) { return t.value_or(torch::Tensor()); }
@@ -563,15 +560,25 @@ private:
             return {packed, {}, {}, bias};
         }
         TORCH_CHECK((!std::is_same_v<Scalar, float>), "a float32 projection is [packed, bias]");
-        TORCH_CHECK(buffers.size() == 7 && buffers[0] && buffers[2],
-                    "a projection is [packed, bias] or [codes, high, scales, zeros, sub, mins, bias]");
-        std::vector<torch::Tensor> keep;
-        for (const auto& buffer : buffers)
-            keep.push_back(defined(buffer));
-        // int_weights checks the codes against the input width and the outputs
-        return {torch::Tensor(), tailrace::int_weights(keep[0], keep[1], keep[2], keep[3], keep[4], keep[5], keep[6],
-                                                       in, out),
-                keep, keep[6]};
+        TORCH_CHECK(!buffers.empty() && buffers.size() % 7 == 0,
+                    "a projection is [packed, bias] or [codes, high, scales, zeros, sub, mins, bias] for each part");
+        Projection projection;
+        int64_t outputs = 0;
+        for (size_t first = 0; first < buffers.size(); first += 7) {
+            std::vector<torch::Tensor> part;
+            for (size_t i = first; i < first + 7; ++i)
+                part.push_back(defined(buffers[i]));
+            TORCH_CHECK(part[0].defined() && part[2].defined(), "a part has codes and scales");
+            // every part but the last holds whole tiles of rows (IntLinearParts), so its codes say its outputs
+            const int64_t n = first + 7 == buffers.size() ? out - outputs : part[0].size(0) * kLanes;
+            // int_weights checks the codes against the input width and the part's outputs
+            projection.parts.push_back(tailrace::int_weights(part[0], part[1], part[2], part[3], part[4], part[5],
+                                                             part[6], in, n));
+            outputs += projection.parts.back().n;
+            projection.keep.insert(projection.keep.end(), part.begin(), part.end());
+        }
+        TORCH_CHECK(outputs == out, "the parts give ", outputs, " outputs, not ", out);
+        return projection;
     }
 
     static void check_norm(const torch::Tensor& weight, int64_t width) {
@@ -623,7 +630,9 @@ private:
     float embedding_multiplier_, scale_, softcap_, swiglu_alpha_, swiglu_limit_;
     tailrace::Routing routing_;  // its `experts` set by each layer
     std::vector<Layer> layers_;
-    torch::Tensor embedding_, embedding_scales_, final_norm_;  // set_outer's
+    torch::Tensor embedding_, final_norm_;  // set_outer's
+    tailrace::IntWeights embedding_codes_{};
+    std::vector<torch::Tensor> embedding_keep_;  // the tensors embedding_codes_ points into, or none
     std::vector<torch::Tensor> rotary_;
     int64_t vocab_ = 0;
     bool packed_embedding_ = false;
@@ -639,7 +648,7 @@ void register_forward(pybind11::module& m, const char* name, const char* doc) {
              py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("rope"), py::arg("window"), py::arg("sinks"),
              py::arg("router"), py::arg("expert_gate_up"), py::arg("expert_down"))
         .def("set_outer", &Forward::set_outer, py::arg("embedding"), py::arg("packed"),
-             py::arg("rotary"), py::arg("final_norm"), py::arg("embedding_scales") = py::none())
+             py::arg("rotary"), py::arg("final_norm"), py::arg("embedding_codes") = Buffers())
         .def("forward", &Forward::forward, py::call_guard<py::gil_scoped_release>(),
              "ids, positions [T] -> the final norm's rows [T, hidden] (or the wanted rows'), the step's K/V stored "
              "into the pages");

@@ -100,6 +100,7 @@ struct Problem {
     const int8_t* mins;    // like sub, or nullptr
     const float* bias;     // [N] or nullptr
     int64_t M, K, N, KB, NV, G;
+    int64_t ldy;           // y's row stride (N, or wider where y is a part's columns)
     int64_t super;         // blocks per d and z (Scales::Super*; 1 otherwise)
     bool e2m1;             // 4-bit codes of E2M1 values (Scales::E2M1)
 };
@@ -436,7 +437,7 @@ void store_outputs(const Problem& p, int64_t m0, int64_t mt, int64_t v0, int64_t
             __m512 out = _mm512_loadu_ps(part + (i * V + j) * kLanes);
             if constexpr (S == Scales::PerRow)
                 out = _mm512_mul_ps(out, d);
-            tailrace::store16(y + (m0 + i) * p.N + n0, _mm512_add_ps(out, bias), mask);
+            tailrace::store16(y + (m0 + i) * p.ldy + n0, _mm512_add_ps(out, bias), mask);
         }
     }
 }
@@ -512,25 +513,25 @@ void run_bits(const Problem& p, T* y, int high_bits, int halves) {
 
 // Quantizes the rows, then runs the kernel form the weights take.
 template <int Bits, typename T>
-void int_linear_bits(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y) {
+void int_linear_bits(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y, int64_t ldy) {
     const int64_t KB = K / kBlock;
     std::vector<ActivationCode<Bits>> codes(M * K);
     std::vector<float> scale(M * KB), sum(M * KB);
     std::vector<int32_t> sum16(2 * M * KB);
     quantize_rows(x, M, K, codes.data(), scale.data(), sum.data(), sum16.data());
     run_bits<Bits>(Problem{{codes.data(), scale.data(), sum.data(), sum16.data()}, w.codes, w.high, w.d, w.z, w.sub,
-                           w.mins, w.bias, M, K, w.n, KB, w.vectors, w.groups, w.super, w.e2m1},
+                           w.mins, w.bias, M, K, w.n, KB, w.vectors, w.groups, ldy, w.super, w.e2m1},
                    y, w.high_bits, w.halves);
 }
 
 template <typename T>
-void int_linear_rows(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y) {
+void int_linear_rows(const T* x, int64_t M, int64_t K, const tailrace::IntWeights& w, T* y, int64_t ldy) {
     if (M == 0)
         return;
     if (w.bits == 8)
-        int_linear_bits<8>(x, M, K, w, y);
+        int_linear_bits<8>(x, M, K, w, y, ldy);
     else
-        int_linear_bits<4>(x, M, K, w, y);
+        int_linear_bits<4>(x, M, K, w, y, ldy);
 }
 
 torch::Tensor defined(const c10::optional<torch::Tensor>& t) { return t.value_or(torch::Tensor()); }
@@ -548,9 +549,29 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const c
     torch::Tensor y = torch::empty(shape, x.options());
     tailrace::with_element_type(x.scalar_type(), "int_linear", [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
-        int_linear_rows(rows.data_ptr<T>(), rows.size(0), K, w, y.data_ptr<T>());
+        int_linear_rows(rows.data_ptr<T>(), rows.size(0), K, w, y.data_ptr<T>(), n);
     });
     return y;
+}
+
+// rows [T, K] float32 = the weights of outputs ids [T], as IntWeight.dequantize gives them.
+torch::Tensor rows(const torch::Tensor& ids, const torch::Tensor& codes, const c10::optional<torch::Tensor>& high,
+                   const torch::Tensor& d, const c10::optional<torch::Tensor>& z,
+                   const c10::optional<torch::Tensor>& sub, const c10::optional<torch::Tensor>& mins, int64_t n) {
+    TORCH_CHECK(ids.scalar_type() == torch::kInt64, "ids must be int64");
+    const int64_t K = codes.size(1) * (codes.scalar_type() == torch::kChar ? kLoadInputs<8> : kLoadInputs<4>);
+    const tailrace::IntWeights w = tailrace::int_weights(codes, defined(high), d, defined(z), defined(sub),
+                                                         defined(mins), torch::Tensor(), K, n);
+    const torch::Tensor flat = ids.reshape({-1}).contiguous();
+    torch::Tensor out = torch::empty({flat.size(0), K}, torch::kFloat32);
+    for (int64_t t = 0; t < flat.size(0); ++t) {
+        const int64_t id = flat.data_ptr<int64_t>()[t];
+        TORCH_CHECK(0 <= id && id < n, "row ", id, " is outside the ", n, " rows");
+        tailrace::int_weight_row(w, id, K, out.data_ptr<float>() + t * K);
+    }
+    std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+    shape.push_back(K);
+    return out.view(shape);
 }
 
 // A [NV / 4, groups, 4, 16] table of `type`, as pack_scales lays it out.
@@ -613,12 +634,46 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
             G, super, n, e2m1};
 }
 
-void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y) {
-    int_linear_rows(x, rows, k, w, y);
+void tailrace::int_weight_row(const IntWeights& w, int64_t n, int64_t K, float* row) {
+    const int64_t v = n / kLanes, lane = n % kLanes, KB = K / kBlock, halves = w.sub ? w.halves : 1;
+    const int32_t offset = w.sub && !w.mins ? 8 << w.high_bits : 0;
+    auto at = [&](int64_t groups, int64_t g) { return table_at(groups, v, g) + lane; };
+    for (int64_t k = 0; k < K; ++k) {
+        float code;
+        if (w.bits == 8) {
+            code = static_cast<int8_t>(w.codes[(v * K / 2 + k / 2) * 2 * kLanes + 2 * lane + k % 2]);
+        } else {
+            const int64_t r = k / 8, j = k % 8, h = j / 4;
+            const uint8_t byte = w.codes[(v * K / 8 + r) * 4 * kLanes + 4 * lane + j % 4];
+            int32_t c = h ? byte >> 4 : byte & 0x0F;
+            for (int q = 0; q < w.high_bits; ++q)
+                c += ((w.high[((v * K / 8 + r) * w.high_bits + q) * 2 + h] >> (4 * lane + j % 4)) & 1) << (4 + q);
+            code = w.e2m1 ? static_cast<float>(kE2M1Codes[c]) - kE2M1Offset : static_cast<float>(c - offset);
+        }
+        const int64_t b = k / kBlock;
+        if (w.sub) {  // (d a) (c - o) + z m, as IntWeight.dequantize
+            const int64_t s = b * halves + (k % kBlock) * halves / kBlock, super = b / w.super;
+            const float scale = static_cast<float>(w.d[at(w.groups, super)]) * static_cast<float>(w.sub[at(KB * halves, s)]);
+            row[k] = scale * code;
+            if (w.mins)
+                row[k] += static_cast<float>(w.z[at(w.groups, super)]) * static_cast<float>(w.mins[at(KB * halves, s)]);
+        } else {  // c d + z
+            const int64_t g = w.groups == 1 ? 0 : b;
+            row[k] = code * static_cast<float>(w.d[at(w.groups, g)]);
+            if (w.z)
+                row[k] += static_cast<float>(w.z[at(w.groups, g)]);
+        }
+    }
+}
+
+void tailrace::int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y,
+                          int64_t y_stride) {
+    int_linear_rows(x, rows, k, w, y, y_stride);
 }
 
 void register_int_linear(pybind11::module& m) {
     m.def("int_linear", &linear,
           "y = x @ W.T + bias for W = codes * d (+ z), or GGUF's super-blocks: int8 or 4- to 6-bit codes packed as "
           "in int_linear.cpp (AVX512-VNNI)");
+    m.def("int_rows", &rows, "the float32 weights of rows `ids` of int_linear's packed weights (an embedding lookup)");
 }

@@ -73,8 +73,11 @@ struct IntWeights {
 // The weights of a packed IntLinear's tensors (undefined where it has none), checked against k and n.
 IntWeights int_weights(const at::Tensor& codes, const at::Tensor& high, const at::Tensor& d, const at::Tensor& z,
                        const at::Tensor& sub, const at::Tensor& mins, const at::Tensor& bias, int64_t k, int64_t n);
-// y [rows][n] = x [rows][k] @ W.T (+ bias).
-void int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y);
+// Row n of the weights [k] in float32, as quant.IntWeight.dequantize gives it.
+void int_weight_row(const IntWeights& w, int64_t n, int64_t k, float* row);
+// y [rows][n] (rows y_stride apart) = x [rows][k] @ W.T (+ bias).
+void int_linear(const c10::BFloat16* x, int64_t rows, int64_t k, const IntWeights& w, c10::BFloat16* y,
+                int64_t y_stride);
 
 // elementwise.cpp, instantiated for float and c10::BFloat16.
 // RMSNorm of `rows` rows of x (`stride` apart) into contiguous out.
