@@ -170,8 +170,11 @@ def test_gguf_cache_key_follows_the_model_files(tmp_path: Path):
 
 def test_tailrace_gets_the_same_settings_and_passes_our_own_flags():
     config = CompareConfig(load=LoadConfig(concurrency=[1, 8]), ours_args=["--quantization", "int8"], threads=1)
-    server = ours_server(config, settings(threads=1, kv_cache_gb=0.5))
-    assert flag(server.command, "--threads") == "1" and flag(server.command, "--kv-cache-memory-gb") == "0.5"
+    server = ours_server(config, settings(threads=1, max_num_seqs=8, max_model_len=300))
+    assert flag(server.command, "--threads") == "1"
+    # llama.cpp's -c 2400 over -np 8: the same slots, context and KV tokens (150 blocks of 16)
+    assert flag(server.command, "--max-num-seqs") == "8" and flag(server.command, "--max-model-len") == "300"
+    assert flag(server.command, "--num-kv-blocks") == "150"
     assert server.command[-2:] == ["--quantization", "int8"]
 
 

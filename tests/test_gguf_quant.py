@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFWriter, ReaderTensor
+from gguf import GGUFWriter, ReaderTensor
 from gguf.quants import dequantize, quantize
 from gguf_writer import EMBEDDED, llama_permute, write_gguf, write_out
 
@@ -17,7 +17,8 @@ from tailrace.model.cpu.kernel_ops import activation_codes, same_bits
 from tailrace.model.cpu.kernels import load_build
 from tailrace.model.decoder.llama import Linear
 from tailrace.model.loading import gguf as tailrace_gguf
-from tailrace.model.loading.gguf_quant import (decode_blocks, lookup_table, quantized_linear, stacked_linear,
+from tailrace.model.loading.gguf_file import GgufFile
+from tailrace.model.loading.gguf_quant import (PACKED_IN_ONE_PASS, decode_blocks, describe_blocks, lookup_table, quantized_linear, stacked_linear,
                                                unpermute_rotary_rows, use_gguf_blocks)
 from tailrace.model.loading.loader import load_model
 
@@ -93,6 +94,30 @@ def test_the_kernel_multiplies_by_the_files_own_weights(tensor_type: Q) -> None:
         assert bool((ulps <= 2 * expected.abs().clamp(min=torch.finfo(torch.float32).tiny)).all()), fill
 
 
+@needs_kernel
+@pytest.mark.parametrize("tensor_type", PACKED_IN_ONE_PASS)
+def test_one_pass_packing_gives_the_decoders_buffers(tensor_type: Q) -> None:
+    """csrc/gguf_blocks.cpp against decode_blocks then IntLinear's packing, buffer for buffer, with
+    rows not in whole vectors (the padding) and the extreme bytes as random ones."""
+    rows = 40
+    for fill in (None, 0xFF):
+        raw = _raw(tensor_type, (rows, IN), seed=6)
+        if fill is not None:
+            blocks = raw.reshape(-1, GGML_QUANT_SIZES[tensor_type][1])
+            kept = {at: blocks[:, at:at + 2].copy() for at in SCALE_FIELDS[tensor_type]}
+            blocks[:] = fill
+            for at, field in kept.items():
+                blocks[:, at:at + 2] = field
+        packed = quantized_linear(tensor_type, raw, (rows, IN))
+        weight = decode_blocks(tensor_type, raw, (rows, IN))
+        reference = int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, None, sub=weight.sub,
+                                         mins=weight.mins, width=weight.width)
+        for name in ("codes", "high", "scales", "zeros", "sub", "mins"):
+            ours, theirs = getattr(packed, name), getattr(reference, name)
+            assert (ours is None) == (theirs is None), name
+            assert ours is None or torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)), name
+
+
 @pytest.mark.parametrize("tensor_type", KERNEL_ONLY)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_each_kernel_build_gives_the_same_bits_and_the_dequantized_product(tensor_type: Q, dtype) -> None:
@@ -145,7 +170,7 @@ def _read_back(path: str, tensors: dict[str, tuple[Q, np.ndarray]]) -> dict[str,
     for name, (tensor_type, raw) in tensors.items():
         writer.add_tensor(name, raw, raw_dtype=tensor_type)
     write_out(writer)
-    return {tensor.name: tensor for tensor in GGUFReader(path).tensors}
+    return {tensor.name: tensor for tensor in GgufFile.read(str(path)).tensors}
 
 
 def test_reader_tensor_decodes_as_written(tmp_path) -> None:
@@ -209,7 +234,7 @@ def tiny_gguf(request, tmp_path_factory) -> tuple[dict[str, torch.nn.Module], di
     floats = {name: module for name, module in model.named_modules() if isinstance(module, Linear)}
     embedding = model.model.embed_tokens.weight.detach().clone()
     floats["lm_head"] = lambda x: F.linear(x, embedding)
-    replaced = use_gguf_blocks(model, GGUFReader(path))
+    replaced = use_gguf_blocks(model, GgufFile.read(str(path)))
     return floats, dict(model.named_modules()), replaced
 
 
@@ -231,7 +256,7 @@ def test_quantized_load_of_a_gguf_takes_the_files_codes(tmp_path) -> None:
     """Not a requantization of the dequantized weights: the same packed codes, scales and zeros."""
     path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q4_0))
     model, _ = load_model(path, quantization="int4")
-    tensor = next(t for t in GGUFReader(path).tensors if t.name == "blk.0.attn_output.weight")
+    tensor = next(t for t in GgufFile.read(str(path)).tensors if t.name == "blk.0.attn_output.weight")
     expected = quantized_linear(Q.Q4_0, tensor.data, (int(tensor.shape[1]), int(tensor.shape[0])))
     loaded = dict(model.model.layers[0].self_attn.o_proj.named_buffers())
     assert loaded.keys() == dict(expected.named_buffers()).keys()
@@ -319,11 +344,11 @@ def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monk
     real = tailrace_gguf.dequantize
     monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     model, _ = load_model(path, quantization="int4")
-    blocks = {t.name for t in GGUFReader(path).tensors if t.tensor_type == Q.Q4_0}
-    assert blocks and not blocks & set(dequantized) - ({"token_embd.weight"} if lookup_table(GGUFReader(path)) is None else set())
+    blocks = {t.name for t in GgufFile.read(str(path)).tensors if t.tensor_type == Q.Q4_0}
+    assert blocks and not blocks & set(dequantized) - ({"token_embd.weight"} if lookup_table(GgufFile.read(str(path))) is None else set())
     monkeypatch.setattr(tailrace_gguf, "dequantize", real)
     whole, _ = load_model(path)
-    reader = GGUFReader(path)
+    reader = GgufFile.read(str(path))
     use_gguf_blocks(whole, reader, table=lookup_table(reader))
     ours, theirs = model.state_dict(), whole.state_dict()
     assert ours.keys() == theirs.keys()
@@ -341,7 +366,7 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
     subprocess.run(convert_command(llamacpp_tree, tmp_path / "moe", "q8_0", path), check=True, capture_output=True)
     model, config = load_model(str(path), dtype="float32", quantization="int8")
     floats, _ = load_model(str(path), dtype="float32")
-    reader = GGUFReader(str(path))
+    reader = GgufFile.read(str(path))
     down = next(t for t in reader.tensors if t.name == "blk.1.ffn_down_exps.weight")
     assert down.tensor_type == Q.Q8_0
     expert = model.model.layers[1].mlp.experts[3]
@@ -364,7 +389,7 @@ def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, 
     save_checkpoint(tmp_path / "gpt-oss", "gpt_oss")
     path = tmp_path / "gpt-oss-q8_0.gguf"
     subprocess.run(convert_command(llamacpp_tree, tmp_path / "gpt-oss", "q8_0", path), check=True, capture_output=True)
-    reader = GGUFReader(str(path))
+    reader = GgufFile.read(str(path))
     assert {t.tensor_type for t in reader.tensors if "_exps.weight" in t.name} == {Q.MXFP4}
     model, _ = load_model(str(path), dtype="bfloat16", quantization="int4")
     floats, _ = load_model(str(path), dtype="bfloat16")
@@ -374,3 +399,14 @@ def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, 
         assert layer.codes.dtype == torch.float4_e2m1fn_x2 and layer.bias is not None, name
         x = torch.randn(3, getattr(float_expert, name).weight.shape[1]).to(torch.bfloat16)
         assert _relative_error(layer(x).float(), getattr(float_expert, name)(x).float()) < BF16_RTOL, name
+
+
+def test_the_log_names_the_types_served_as_stored_and_what_the_others_became(tmp_path) -> None:
+    path = tmp_path / "w.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", _raw(Q.Q4_K), raw_dtype=Q.Q4_K)
+    writer.add_tensor("blk.0.attn_k.weight", np.zeros((OUT, IN // 32 * 18), dtype=np.uint8), raw_dtype=Q.IQ4_NL)
+    write_out(writer)
+    text = describe_blocks(GgufFile.read(str(path)), ["model.layers.0.self_attn.qkv_proj"], None)
+    assert "1 projections from the file's 1 Q4_K matrices" in text and "dequantized table" in text
+    assert "no kernel for 1 IQ4_NL: dequantized, then int8 per row" in text

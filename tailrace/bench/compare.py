@@ -99,9 +99,13 @@ def _mtimes(directory: Path) -> dict[str, int]:
 
 
 def ours_server(config: CompareConfig, settings: PeerSettings) -> PeerServer:
+    """tailrace with llama.cpp's context and slots: max_num_seqs sequences of max_model_len tokens,
+    and a KV cache of exactly their tokens (llama.cpp's -c), so that both hold the same KV bytes."""
+    blocks = -(-settings.max_num_seqs * settings.max_model_len // EngineConfig().block_size)
     command = [sys.executable, "-m", "tailrace", "serve", settings.model_dir, "--host", "127.0.0.1",
                "--port", str(settings.port), *(["--threads", str(config.threads)] if config.threads else []),
-               "--kv-cache-memory-gb", str(settings.kv_cache_gb), "--dtype", settings.dtype, *config.ours_args]
+               "--num-kv-blocks", str(blocks), "--max-num-seqs", str(settings.max_num_seqs),
+               "--max-model-len", str(settings.max_model_len), "--dtype", settings.dtype, *config.ours_args]
     return PeerServer(command, envs.environment(), model="")  # the model is the one it lists
 
 

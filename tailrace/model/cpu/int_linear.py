@@ -96,6 +96,20 @@ class IntLinear(Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self._linear = kernels().int_linear
 
+    @classmethod
+    def from_packed(cls, packed: list[torch.Tensor | None], shape: tuple[int, int],
+                    bias: torch.Tensor | None) -> IntLinear:
+        """The layer over buffers already in the kernel's layout ([codes, high, scales, zeros, sub,
+        mins], as the kernels' pack_gguf gives them) for a weight of `shape` (out, in)."""
+        layer = cls.__new__(cls)
+        Module.__init__(layer)
+        layer.out_features, layer.in_features = shape
+        for name, buffer in zip(("codes", "high", "scales", "zeros", "sub", "mins"), packed, strict=True):
+            layer.register_buffer(name, buffer)
+        layer.register_buffer("bias", None if bias is None else bias.detach().float())
+        layer._linear = kernels().int_linear
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.codes, self.high, self.scales, self.zeros, self.sub, self.mins, self.bias,
                             self.out_features)

@@ -4,8 +4,9 @@
   the CPU has them: bf16_amx.cpp, float32 FMAs where it has neither), and float32 ones on the same
   tiles, see bf16_linear.py.
 - `paged_attention`: causal attention read from the paged KV cache, bfloat16 or float32.
-- `int_linear`: int8 and int4 projections over integer codes and float16 scales (VNNI's dot
-  products, or AVX2's), see int_linear.py.
+- `int_linear`: int8 and 4- to 6-bit projections over integer codes and float16 scales (VNNI's dot
+  products, or AVX2's), see int_linear.py; `int_rows`, lookups in their codes; `pack_gguf`, GGUF's
+  blocks straight into their layout, see loading/gguf_quant.py.
 - `rms_norm`, `rotary`, `silu_mul`, `gelu_tanh_mul`, `swiglu_oai_mul`: a decoder layer's
   elementwise steps, one call each, see cpu_ops.py.
 - `mask_tokens`: a grammar's allowed-token bitmasks applied to logit rows, see engine/structured_output/grammar.py.
@@ -46,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
-                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp", "experts.cpp")]
+                         "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp", "experts.cpp",
+                          "gguf_blocks.cpp")]
 # -ffp-contract=off: a float a + b * c stays two roundings, as the reference's eager ops round it
 # (GCC would fuse it into one FMA; the kernels' own FMAs are explicit).
 _COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]

@@ -2,7 +2,7 @@
 tensors dequantized under Hugging Face names (the file opened and its metadata read:
 model/loading/gguf_file.py).
 
-Each tensor is dequantized on its own (`dequantize`), from its raw blocks (`GGUFReader` keeps them
+Each tensor is dequantized on its own (`dequantize`), from its raw blocks (`GgufFile` keeps them
 memory-mapped in `ReaderTensor.data`), so a quantized path can later take those blocks instead.
 """
 
@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, ReaderTensor
+from gguf import ReaderTensor
 from gguf.quants import dequantize as dequantize_blocks
 
 from tailrace.model.decoder import registry
 from tailrace.model.decoder.llama import rope_inverse_frequencies
-from tailrace.model.loading.gguf_file import REQUIRED, architecture, metadata
+from tailrace.model.loading.gguf_file import REQUIRED, GgufFile, architecture, metadata
 
 # llama.cpp's converter interleaves the rotary halves of these architectures' q and k rows (its
 # rope pairs adjacent dims there); the others' rope is the same as here.
-_FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DEQUANTIZED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
                      Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
 
@@ -44,16 +44,16 @@ _LONGROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_sh
 _ROPE_FREQS = "rope_freqs.weight"
 
 
-def stores_projections_quantized(reader: GGUFReader) -> bool:
+def stores_projections_quantized(reader: GgufFile) -> bool:
     """Whether every projection matrix is stored in a quantized type (Q4_K_M's, Q8_0's,
     MXFP4_MOE's), not as floats. The embedding table and the experts' routers (which llama.cpp
     keeps in float32, and tailrace never quantizes) do not count."""
     projections = [t for t in reader.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"
                    and not t.name.endswith("ffn_gate_inp.weight")]
-    return bool(projections) and all(t.tensor_type not in _FLOAT_TYPES for t in projections)
+    return bool(projections) and all(t.tensor_type not in FLOAT_TYPES for t in projections)
 
 
-def config_dict(reader: GGUFReader) -> dict[str, Any]:
+def config_dict(reader: GgufFile) -> dict[str, Any]:
     """The model's config.json, as Hugging Face would write it, from the metadata."""
     arch = architecture(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -89,7 +89,7 @@ def config_dict(reader: GGUFReader) -> dict[str, Any]:
     }}
 
 
-def _stored_dtype(reader: GGUFReader) -> str:
+def _stored_dtype(reader: GgufFile) -> str:
     """config.json's torch_dtype for the file's matrices, which loader.resolve_dtype's "auto" reads:
     float32 or float16 as stored, and bfloat16 for BF16 and for quantized types, whose models are
     released in 16 bits (on an AVX2 CPU a Q4_K_M Gemma-3-1B decoded 6% faster in bfloat16 than in
@@ -183,7 +183,7 @@ def _gemma_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
     return config
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, entry: registry.Architecture,
+def _rope_scaling(reader: GgufFile, arch: str, entry: registry.Architecture,
                   tensors: dict[str, ReaderTensor]) -> dict | None:
     if _ROPE_FREQS in tensors:
         return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
@@ -214,7 +214,7 @@ _LLAMA3_CANDIDATES = [(low, high, context) for context in (8192, 4096, 16384, 32
                       for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0))]
 
 
-def _llama3_scaling(reader: GGUFReader, arch: str, rope_freqs: torch.Tensor) -> dict:
+def _llama3_scaling(reader: GgufFile, arch: str, rope_freqs: torch.Tensor) -> dict:
     """llama.cpp stores Llama 3.1's frequency scaling as the divisor of each frequency
     (`rope_freqs`), not as its parameters: find the parameters that give exactly those divisors,
     so the model is the one transformers runs. Divisors that match no published Llama 3 scaling
@@ -246,7 +246,7 @@ def dequantize(tensor: ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
 
 
-def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(reader: GgufFile, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, float32 tensor) for every weight but those named in `skip` (GGUF names),
     which are not even dequantized; q and k rows back in Hugging Face order."""
     arch = architecture(reader)
@@ -284,7 +284,7 @@ def checkpoint_tensors(reader: GGUFReader, skip: set[str] = frozenset()) -> Iter
         yield name, values
 
 
-def dense_weights(reader: GGUFReader) -> list[torch.Tensor]:
+def dense_weights(reader: GgufFile) -> list[torch.Tensor]:
     """An embedding model's Dense modules after pooling, in order: each one's weight [out, in]
     (identity activation, no bias, as EmbeddingGemma's)."""
     tensors = {t.name: t for t in reader.tensors}

@@ -27,6 +27,9 @@ load as float.
 
 from __future__ import annotations
 
+import logging
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,19 +37,26 @@ import torch
 from torch import nn
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, ReaderTensor
+from gguf import ReaderTensor
 
 from tailrace.model.cpu import int_linear
+from tailrace.model.cpu.kernels import kernels
 
 from tailrace.model.decoder import registry
 
 from tailrace.heap import release_freed
 from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order
 from tailrace.model.loading import gguf, gguf_file
+from tailrace.model.loading.gguf_file import GgufFile
 from tailrace.model.loading.mxfp4 import e2m1_scales
 from tailrace.model.quant import INT4_GROUP_SIZE, IntWeight, linear_for, takes_grouped
 
+logger = logging.getLogger(__name__)
+
 MAPPED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4)
+# The types tailrace's kernels decode into their layout in one pass (csrc/gguf_blocks.cpp); the
+# decoders here give the same fields for the others, and for PyTorch's kernels.
+PACKED_IN_ONE_PASS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # The types PyTorch's kernels take too, where tailrace's cannot run.
 _PORTABLE_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
 _K_SCALE_BYTES = 12  # Q4_K's and Q5_K's 6-bit scales and mins of their 8 sub-blocks
@@ -74,7 +84,7 @@ class BlockProjection:
     expert: int | None = None
 
 
-def block_projections(model: LlamaForCausalLM, reader: GGUFReader) -> list[BlockProjection]:
+def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockProjection]:
     """Every projection (and the LM head) whose GGUF tensors share one mapped type: what
     use_gguf_blocks replaces. The loader leaves their float weights unread and untouched (an
     untouched torch.empty tensor holds no memory), so a quantized file larger than its float
@@ -126,7 +136,7 @@ def _mapped_type(tensor_type: Q) -> bool:
     return tensor_type in MAPPED_TYPES and (tensor_type in _PORTABLE_TYPES or int_linear.available())
 
 
-def lookup_table(reader: GGUFReader) -> ReaderTensor | None:
+def lookup_table(reader: GgufFile) -> ReaderTensor | None:
     """The embedding table where its lookups read its blocks (IntEmbedding) rather than a
     dequantized copy: a mapped type, on tailrace's kernel."""
     table = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
@@ -136,7 +146,7 @@ def lookup_table(reader: GGUFReader) -> ReaderTensor | None:
     return table
 
 
-def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader, projections: list[BlockProjection] | None = None,
+def use_gguf_blocks(model: LlamaForCausalLM, reader: GgufFile, projections: list[BlockProjection] | None = None,
                     table: ReaderTensor | None = None) -> list[str]:
     """The `projections` (by default every one block_projections finds) replaced in place by
     quantized modules built from the file's blocks; the others keep the float weights the loader
@@ -165,7 +175,23 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GGUFReader, projections: li
         codes = model.lm_head if tied else stacked_linear([table], {}, None)
         model.model.embed_tokens = int_linear.IntEmbedding(codes, model.dtype)
     release_freed()
+    logger.info("%s", describe_blocks(reader, replaced, table))
     return replaced
+
+
+def describe_blocks(reader: GgufFile, replaced: list[str], table: ReaderTensor | None) -> str:
+    """What the loader decided for the file's quantized matrices: which types run as stored, and
+    what the others became."""
+    served = Counter(t.tensor_type.name for t in reader.tensors if _mapped_type(t.tensor_type) and len(t.shape) >= 2)
+    others = Counter(t.tensor_type.name for t in reader.tensors
+                     if not _mapped_type(t.tensor_type) and t.tensor_type not in gguf.FLOAT_TYPES and len(t.shape) >= 2)
+    text = (f"GGUF blocks served as stored: {len(replaced)} projections from the file's "
+            f"{', '.join(f'{n} {name}' for name, n in sorted(served.items())) or 'no'} matrices; embedding lookups "
+            f"{'in the ' + table.tensor_type.name + ' codes' if table is not None else 'in a dequantized table'}")
+    if others:
+        text += (f"; no kernel for {', '.join(f'{n} {name}' for name, n in sorted(others.items()))}: dequantized, "
+                 f"then int8 per row")
+    return text
 
 
 def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias: torch.Tensor | None,
@@ -191,7 +217,7 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias
         return None
     modules, first = [], 0
     for tensor_type, rows in runs:
-        raw = np.concatenate(rows)
+        raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # one part: its view of the map, not a copy
         if row_order is not None:
             raw = raw[row_order]
         block_size, type_size = GGML_QUANT_SIZES[tensor_type]
@@ -204,7 +230,7 @@ def stacked_linear(parts: list[ReaderTensor], rotary_heads: dict[str, int], bias
     return modules[0] if len(modules) == 1 else int_linear.IntLinearParts(modules)
 
 
-def _rotary_heads(reader: GGUFReader) -> dict[str, int]:
+def _rotary_heads(reader: GgufFile) -> dict[str, int]:
     """The head counts llama.cpp permuted q and k rows by, for the architectures it permutes (see
     gguf.checkpoint_tensors)."""
     arch = gguf_file.architecture(reader)
@@ -221,6 +247,11 @@ def quantized_linear(tensor_type: Q, raw: np.ndarray, shape: tuple[int, int],
     has no block-for-block mapping or no kernel takes its shape (load it as float)."""
     if not _mapped_type(tensor_type):
         return None
+    if tensor_type in PACKED_IN_ONE_PASS and int_linear.available() and int_linear.takes(shape[1]):
+        with warnings.catch_warnings():  # a read-only view of the file's map, which pack_gguf only reads
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8).reshape(shape[0], -1))
+        return int_linear.IntLinear.from_packed(kernels().pack_gguf(raw, int(tensor_type), shape[1]), shape, bias)
     return linear_for(decode_blocks(tensor_type, raw, shape), bias)
 
 

@@ -11,10 +11,10 @@ as XLM-R's tokenizer.json builds it: the precompiled character map, ▁-marked w
 
 from __future__ import annotations
 
-from gguf import GGUFReader, TokenType
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from tailrace.model.loading.gguf_file import metadata
+from tailrace.model.loading.gguf_file import GgufFile, metadata
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -82,7 +82,7 @@ _PRE_TOKENIZERS = {
 _SPACE = "\u2581"
 
 
-def build_tokenizer(reader: GGUFReader) -> Tokenizer:
+def build_tokenizer(reader: GgufFile) -> Tokenizer:
     kind = metadata(reader, "tokenizer.ggml.model")
     tokens: list[str] = metadata(reader, "tokenizer.ggml.tokens")
     types = metadata(reader, "tokenizer.ggml.token_type", [TokenType.NORMAL] * len(tokens))
@@ -139,7 +139,7 @@ def _sentencepiece(tokens: list[str], scores: list[float], unk: str | None, add_
     return tokenizer
 
 
-def _wordpiece(reader: GGUFReader, tokens: list[str], types: list[int]) -> Tokenizer:
+def _wordpiece(reader: GgufFile, tokens: list[str], types: list[int]) -> Tokenizer:
     """BERT's WordPiece from llama.cpp's phantom-space vocabulary (control tokens as they are)."""
     pieces = [token if kind == TokenType.CONTROL else (token[1:] if token.startswith(_SPACE) else "##" + token)
               for token, kind in zip(tokens, types)]
@@ -171,7 +171,7 @@ def _wordpiece(reader: GGUFReader, tokens: list[str], types: list[int]) -> Token
     return tokenizer
 
 
-def _unigram(reader: GGUFReader, tokens: list[str], types: list[int]) -> Tokenizer:
+def _unigram(reader: GgufFile, tokens: list[str], types: list[int]) -> Tokenizer:
     """SentencePiece's Unigram as transformers' XLM-R tokenizer.json builds it: the file's
     precompiled character map normalizes, words split at whitespace (extra whitespace removed, as
     SentencePiece removes it where the file says so) are marked ▁ and cut by the pieces' scores;

@@ -10,6 +10,7 @@ void register_int_linear(pybind11::module& m);
 void register_token_mask(pybind11::module& m);
 void register_greedy(pybind11::module& m);
 void register_experts(pybind11::module& m);
+void register_gguf_blocks(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_token_mask(m);
     register_greedy(m);
     register_experts(m);
+    register_gguf_blocks(m);
 }
