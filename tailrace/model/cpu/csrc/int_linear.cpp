@@ -253,7 +253,10 @@ inline void int4_block_sums(const uint8_t* codes, int64_t stride, const uint64_t
         for (int64_t step = first; step < first + kWiden; ++step)
             for (int j = 0; j < NT; ++j) {
                 const uint8_t* at = codes + j * stride + step * kLoadBytes<4>;
+                const uint64_t* bits = high + j * high_stride + step * kHighWords<High>;
                 prefetch_codes<OneRow>(at);
+                if constexpr (High > 0)
+                    prefetch_codes<OneRow>(reinterpret_cast<const uint8_t*>(bits));
                 __m256i w[2][2];  // [lanes 0-7 or 8-15][inputs 0-3 or 4-7]
                 for (int h = 0; h < 2; ++h) {
                     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * h));
@@ -263,7 +266,6 @@ inline void int4_block_sums(const uint8_t* codes, int64_t stride, const uint64_t
                         w[h][0] = _mm256_shuffle_epi8(table, w[h][0]);
                         w[h][1] = _mm256_shuffle_epi8(table, w[h][1]);
                     }
-                    const uint64_t* bits = high + j * high_stride + step * kHighWords<High>;
                     for (int k = 0; k < High; ++k)
                         for (int half = 0; half < 2; ++half)
                             w[h][half] = _mm256_add_epi8(
@@ -302,8 +304,11 @@ inline void dot_block_sums(const uint8_t* codes, int64_t stride, const uint64_t*
         __m512i wv[NT][2];
         for (int j = 0; j < NT; ++j) {
             const uint8_t* at = codes + j * stride + step * kLoadBytes<Bits>;
-            load_codes<Bits, E2M1, High>(at, high + j * high_stride + step * kHighWords<High>, wv[j]);
+            const uint64_t* bits = high + j * high_stride + step * kHighWords<High>;
+            load_codes<Bits, E2M1, High>(at, bits, wv[j]);
             prefetch_codes<OneRow>(at);
+            if constexpr (High > 0)
+                prefetch_codes<OneRow>(reinterpret_cast<const uint8_t*>(bits));
         }
         for (int i = 0; i < MT; ++i)
             for (int j = 0; j < NT; ++j)
@@ -329,15 +334,16 @@ inline void block_sums(const uint8_t* codes, int64_t stride, const uint64_t* hig
 //
 // A super-block's weights are w = d * a * (c - o) + z * m per 32 (Super) or 16 (SuperHalves) inputs:
 // a and m the block's integer scale and min, d and z float16 per super-block (z the negated min
-// scale), o = 0 where there are mins, else half the codes' range (8 << High). A block then adds
+// scale), o = 0 where there are mins, else half the codes' range (8 << High). A Super block (Q4_K's,
+// Q5_K's, always with mins) takes the grouped form's arithmetic with scale d a and zero z m, each
+// exact in float32. A SuperHalves block adds
 //     acc += (I1 * s) * d  (+ (I2 * s) * z),   I1 = sum_h a_h (isum_h - o xsum_h),  I2 = sum_h m_h xsum_h
-// with I1 and I2 exact in int32 (below 2^24: Q6_K's two halves, 2 x 128 x 32 x 127 x 16, come nearest) and so in
-// float32: the products are those of the file's own weights d * a, each exact in float32.
+// with I1 and I2 exact in int32 and, below 2^24 (Q6_K's two halves, 2 x 128 x 32 x 127 x 16, come
+// nearest), in float32. Either way the products are those of the file's own weights.
 template <int Bits, Scales S, int High, int V, int MT, int NT>
 void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, float* part) {
     constexpr int64_t kSteps = kBlock / kLoadInputs<Bits>;
     constexpr bool kOneRow = V == kOneRowVectors, kE2M1 = S == Scales::E2M1;
-    constexpr bool kSuper = S == Scales::Super || S == Scales::SuperHalves;
     constexpr int kHalves = S == Scales::SuperHalves ? 2 : 1;
     const int64_t stride = vector_bytes<Bits>(p), high_stride = p.K / kLoadInputs<Bits> * kHighWords<High>;
     const uint8_t* codes = p.w + v0 * stride + b0 * kSteps * kLoadBytes<Bits>;
@@ -365,30 +371,28 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
             high += kSteps * kHighWords<High>;
         for (int j = 0; j < NT; ++j) {
             __m512 d, z;
-            if constexpr (kSuper) {
+            if constexpr (S == Scales::SuperHalves) {
                 const int64_t at = scale_at(p, v0 + j, b / p.super);
                 d = half16(p.d + at);
-                __m512i a[kHalves], m[kHalves];
-                for (int h = 0; h < kHalves; ++h) {
-                    const int64_t sub_at = table_at(p.KB * kHalves, v0 + j, b * kHalves + h);
+                __m512i a[2], m[2];
+                for (int h = 0; h < 2; ++h) {
+                    const int64_t sub_at = table_at(2 * p.KB, v0 + j, 2 * b + h);
                     a[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sub + sub_at)));
                     if (mins)
                         m[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.mins + sub_at)));
                 }
-                _mm_prefetch(reinterpret_cast<const char*>(
-                                 p.sub + table_at(p.KB * kHalves, v0 + j, (b + kScalePrefetch) * kHalves)),
+                _mm_prefetch(reinterpret_cast<const char*>(p.sub + table_at(2 * p.KB, v0 + j, 2 * (b + kScalePrefetch))),
                              _MM_HINT_T0);
                 if (mins)
                     z = half16(p.z + at);
                 for (int i = 0; i < MT; ++i) {
                     const int32_t* xs = x_sum16 + i * 2 * p.KB + 2 * b;
                     __m512i i1 = _mm512_setzero_si512(), i2 = _mm512_setzero_si512();
-                    for (int h = 0; h < kHalves; ++h) {
-                        const int32_t sum = kHalves == 2 ? xs[h] : xs[0] + xs[1];
+                    for (int h = 0; h < 2; ++h) {
                         i1 = _mm512_add_epi32(i1, _mm512_mullo_epi32(a[h], _mm512_sub_epi32(
-                                                      isum[h][i][j], _mm512_set1_epi32(offset * sum))));
+                                                      isum[h][i][j], _mm512_set1_epi32(offset * xs[h]))));
                         if (mins)
-                            i2 = _mm512_add_epi32(i2, _mm512_mullo_epi32(m[h], _mm512_set1_epi32(sum)));
+                            i2 = _mm512_add_epi32(i2, _mm512_mullo_epi32(m[h], _mm512_set1_epi32(xs[h])));
                     }
                     const __m512 s = _mm512_set1_ps(x_scale[i * p.KB + b]);
                     acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i1), s), d, acc[i][j]);
@@ -397,7 +401,20 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
                 }
                 continue;
             }
-            if constexpr (S != Scales::PerRow) {
+            if constexpr (S == Scales::Super) {
+                // the grouped form's arithmetic with the block's scale d a and zero z m, each exact
+                // in float32 (an 11-bit d times a 6-bit a)
+                const int64_t at = scale_at(p, v0 + j, b / p.super), sub_at = table_at(p.KB, v0 + j, b);
+                const __m512 a = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sub + sub_at))));
+                const __m512 m = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.mins + sub_at))));
+                d = _mm512_mul_ps(half16(p.d + at), a);
+                z = _mm512_mul_ps(half16(p.z + at), m);
+                const int64_t ahead = table_at(p.KB, v0 + j, b + kScalePrefetch);
+                _mm_prefetch(reinterpret_cast<const char*>(p.sub + ahead), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(p.mins + ahead), _MM_HINT_T0);
+            } else if constexpr (S != Scales::PerRow) {
                 const int64_t at = scale_at(p, v0 + j, b), ahead = scale_at(p, v0 + j, b + kScalePrefetch);
                 d = half16(p.d + at);
                 _mm_prefetch(reinterpret_cast<const char*>(p.d + ahead), _MM_HINT_T0);
@@ -415,7 +432,7 @@ void tile(const Problem& p, int64_t m0, int64_t v0, int64_t b0, int64_t b1, floa
                     acc[i][j] = _mm512_fmadd_ps(f, s, acc[i][j]);
                 } else {
                     acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(f, s), d, acc[i][j]);
-                    if constexpr (S == Scales::GroupedWithZero || S == Scales::E2M1)
+                    if constexpr (S == Scales::GroupedWithZero || S == Scales::E2M1 || S == Scales::Super)
                         acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x_sum[i * p.KB + b]), z, acc[i][j]);
                 }
             }
@@ -614,6 +631,7 @@ tailrace::IntWeights tailrace::int_weights(const torch::Tensor& codes, const tor
         TORCH_CHECK(!mins.defined() || (is_table(mins, torch::kChar, NV) && mins.sizes() == sub.sizes() && z.defined()),
                     "integer mins go in the integer scales' shape, with a float16 min scale");
         TORCH_CHECK(!z.defined() || mins.defined(), "a min scale goes with integer mins");
+        TORCH_CHECK(halves == 2 || mins.defined(), "integer scales per 32 inputs go with integer mins");
         TORCH_CHECK((high_bits == 0) || (high_bits == 1 && halves == 1) || (high_bits == 2 && halves == 2),
                     "no kernel for ", 4 + high_bits, "-bit codes with integer scales per ", kBlock / halves, " inputs");
         super = KB / G;
