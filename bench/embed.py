@@ -236,7 +236,7 @@ def main() -> int:
                     runs["llama.cpp"][batch].append(bench_server(started[1].url, docs, batch, model="model"))
                 if st_model is not None:
                     runs["sentence-transformers"][batch].append(bench_sentence_transformers(st_model, docs, batch))
-        resident = {peer.name: peer.memory()[0] for peer in started}
+        resident = {peer.name: peer.memory().rss for peer in started}
         latency["tailrace"] = query_latency(server.url, queries)
         if "llama.cpp" in peers:
             latency["llama.cpp"] = query_latency(started[1].url, queries, model="model")

@@ -17,7 +17,7 @@ from tailrace.arg_types import (DTYPE_NAMES, RefuseRemoteCode, SubcommandParser,
 from tailrace.bench.cli import add_bench_parser, run_bench
 from tailrace.check.cli import add_check_parser, run_check
 from tailrace.engine.config import ATTENTION_BACKENDS, EngineConfig
-from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging
+from tailrace.logs import LOG_LEVELS, UVICORN_LOG_LEVELS, configure_logging, timed
 from tailrace.model.options import LOAD_FORMATS, QUANTIZATIONS
 from tailrace.serving.context import ChatOptions
 from tailrace.serving.limits import Limits
@@ -277,7 +277,8 @@ def server_setup(args: argparse.Namespace, config: EngineConfig | None = None) -
     limits = limits_from(args)
     sampling_defaults = load_sampling_defaults(args.generation_config, config.model_path)
     chat_template = None if args.chat_template is None else read_chat_template(args.chat_template)
-    tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
+    with timed(log, "loading the tokenizer"):
+        tokenizer = load_tokenizer(config.model_path, chat_template=chat_template)
     name, *other_names = args.served_model_name or [served_name(config.model or config.model_path)]
     if sampling_defaults:
         log.info("requests that leave them unset sample with the model's generation config: %s", sampling_defaults)

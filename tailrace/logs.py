@@ -4,13 +4,24 @@ reach the one handler on the root logger."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import time
+from collections.abc import Iterator
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 UVICORN_LOG_LEVELS = (*LOG_LEVELS, "trace")  # uvicorn's own extra level, below debug
+
+
+@contextlib.contextmanager
+def timed(log: logging.Logger, phase: str) -> Iterator[None]:
+    """Logs at debug how long `phase` took: where a start-up's seconds go (--log-level debug)."""
+    start = time.perf_counter()
+    yield
+    log.debug("%s took %.2f s", phase, time.perf_counter() - start)
 
 
 def configure_logging(level: str | int) -> None:

@@ -213,10 +213,13 @@ def tailrace_url(tiny_checkpoint: str, tmp_path_factory: pytest.TempPathFactory)
     log = tmp_path_factory.mktemp("bench-server") / "server.log"
     with ServerProcess("tailrace", command, f"http://127.0.0.1:{port}", log) as server:
         wait_ready([server], timeout_s=90)
-        rss, peak = server.memory()
+        memory = server.memory()
         status = (Path("/proc") / str(server.process.pid) / "status").read_text()
         own = int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
-        assert own < rss <= peak  # the engine core's process counted beside the API's
+        assert own < memory.rss <= memory.peak_rss  # the engine core's process counted beside the API's
+        # shared pages split among the processes: at most what each holds resident, and all of it
+        # anonymous or file-backed (no shared memory here)
+        assert 0 < memory.pss <= memory.rss and memory.pss_anon + memory.pss_file <= memory.pss
         yield server.url
 
 

@@ -199,18 +199,20 @@ def _run_alone(name: str, server: PeerServer, load: LoadConfig, cells: Cells | N
         ready_s = monotonic() - started
         print(f"{name}: ready after {ready_s:.0f} s", flush=True)
         levels, cells = asyncio.run(_measure(name, load, cells))
-        rss, peak_rss = process.memory()
+        memory = process.memory()
         if after is not None:
             after(load.base_url)
-    print(f"{name}: resident memory {rss / 2**30:.2f} GiB at the end, peaks {peak_rss / 2**30:.2f} GiB "
-          f"(the server's processes)", flush=True)
+    print(f"{name}: memory at the end {memory.pss / 2**30:.2f} GiB proportional ({memory.pss_anon / 2**30:.2f} "
+          f"anonymous, {memory.pss_file / 2**30:.2f} file-backed), {memory.rss / 2**30:.2f} GiB resident, peaks "
+          f"{memory.peak_rss / 2**30:.2f} GiB (the server's processes)", flush=True)
     for level in levels:
         print(format_level_line(name, summarize(level)), flush=True)
     load_after = os.getloadavg()
     print(f"{name}: done; load average {_loads(load_after)}", flush=True)
     info = {"command": server.command, "model": load.model, "exact_length": load.exact_length,
             "extra_body": load.extra_body, "ready_s": ready_s, "load_average_before": load_before,
-            "load_average_after": load_after, "rss_bytes": rss, "peak_rss_bytes": peak_rss}
+            "load_average_after": load_after, "rss_bytes": memory.rss, "peak_rss_bytes": memory.peak_rss,
+            "pss_bytes": memory.pss, "pss_anon_bytes": memory.pss_anon, "pss_file_bytes": memory.pss_file}
     return levels, cells, info
 
 

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -22,22 +23,35 @@ STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 3000
 
 
-def session_memory(session: int) -> tuple[int, int]:
-    """(resident, peak resident) bytes summed over the processes of a session (a server started in
-    a session of its own, with the processes it starts, such as tailrace's engine core), from
-    Linux's /proc (VmRSS, VmHWM); (0, 0) where there is none. The peaks are each process's own, so
-    their sum can exceed what was resident at any one time."""
-    rss = peak = 0
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Bytes of a session's processes: resident (VmRSS) and its peak (VmHWM), each process's own
+    summed, so pages two processes share count twice and the peaks need not have coincided; and
+    proportional (Pss: a shared page split among its sharers), split into anonymous memory and
+    file-backed pages (a mapped model file, shared libraries)."""
+    rss: int = 0
+    peak_rss: int = 0
+    pss: int = 0
+    pss_anon: int = 0
+    pss_file: int = 0
+
+
+def session_memory(session: int) -> Memory:
+    """The Memory of the processes of a session (a server started in a session of its own, with
+    the processes it starts, such as tailrace's engine core), from Linux's /proc; zeros where
+    there is none."""
+    total = dict.fromkeys(("VmRSS", "VmHWM", "Pss", "Pss_Anon", "Pss_File"), 0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             if int(stat.read_text().rsplit(")", 1)[1].split()[3]) != session:  # after the name: state ppid pgrp session
                 continue
-            status = dict(line.split(":", 1) for line in (stat.parent / "status").read_text().splitlines() if ":" in line)
+            lines = ((stat.parent / "status").read_text() + (stat.parent / "smaps_rollup").read_text()).splitlines()
         except (OSError, ValueError, IndexError):
             continue  # a process that ended meanwhile
-        rss += int(status.get("VmRSS", "0 kB").split()[0]) * 1024
-        peak += int(status.get("VmHWM", "0 kB").split()[0]) * 1024
-    return rss, peak
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        for key in total:
+            total[key] += int(fields.get(key, "0 kB").split()[0]) * 1024
+    return Memory(total["VmRSS"], total["VmHWM"], total["Pss"], total["Pss_Anon"], total["Pss_File"])
 
 
 def free_port() -> int:
@@ -69,7 +83,7 @@ class ServerProcess:
         return text[-LOG_TAIL_CHARS:]
 
     def memory(self) -> tuple[int, int]:
-        """(resident, peak resident) bytes of the server and its workers: see session_memory."""
+        """The memory of the server and its workers: see session_memory."""
         return session_memory(self.process.pid)
 
     def is_ready(self) -> bool:

@@ -62,6 +62,11 @@ SHAPES = {shape.name: shape for shape in (
           head_dim=64, intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
           rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Qwen/Qwen2.5-1.5B-Instruct's shape: q/k/v biases, a tied head over a 152k vocabulary
+    Shape("qwen2.5-1.5b", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+          head_dim=128, intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768,
+          rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, architecture="Qwen2ForCausalLM",
+          model_type="qwen2", extra={"rms_norm_eps": 1e-6, "tie_word_embeddings": True}),
     # google/gemma-3-1b-it's shape: 5 of 6 layers see 512 positions back
     Shape("gemma-3-1b", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
           head_dim=256, intermediate_size=6912, vocab_size=262144, max_position_embeddings=32768,

@@ -28,6 +28,7 @@ from tailrace.engine.structured_output.grammar import MaskJob, MaskWorker
 from tailrace.engine.threads import ThreadTuner, available_cores, thread_candidates
 from tailrace.engine.tensor_parallel.step import FollowStep
 from tailrace.engine.transfer import record_event
+from tailrace.logs import timed
 from tailrace.model import backends
 from tailrace.model.attention.kv_cache import KVCache
 from tailrace.model.attention.paged import PagedKVCache
@@ -86,7 +87,8 @@ class ModelRunner:
         sized_by_gpu = (self.device.type == "cuda" and config.gpu_memory_utilization is not None
                         and config.num_kv_blocks is None)
         free_before_load = torch.cuda.mem_get_info(self.device)[0] if sized_by_gpu else 0
-        quantization = self._load(config, tp)
+        with timed(log, "loading the model"):
+            quantization = self._load(config, tp)
         mc = self.model_config
         # Whether the cache keeps K/V. An encoder's never does, nor a causal model's on a server that
         # only pools: there each prompt runs whole, attends within its step (SDPA, which takes no
@@ -94,15 +96,17 @@ class ModelRunner:
         # bounded by a KV budget.
         self.keeps_kv = mc.causal and not (config.pooling_only and mc.attention_softcap is None
                                            and not mc.attention_sinks)
-        self.backends = backends.prepare(self.model, self.device, quantization, attention=config.attention,
-                                         keeps_kv=self.keeps_kv)
+        with timed(log, "preparing the backends (packing, huge pages, the fused forward)"):
+            self.backends = backends.prepare(self.model, self.device, quantization, attention=config.attention,
+                                             keeps_kv=self.keeps_kv)
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         # A prompt that keeps no K/V runs whole, so a step holds at least the longest prompt served
         self.step_tokens = (config.max_num_batched_tokens if self.keeps_kv
                             else max(config.max_num_batched_tokens, self.max_model_len))
         self.block_size = config.block_size
         self.num_blocks = self._count_kv_blocks(config, tp, free_before_load if sized_by_gpu else None)
-        scratch_block = self._allocate_kv_cache(config)
+        with timed(log, "allocating the KV cache"):
+            scratch_block = self._allocate_kv_cache(config)
         self.backends.check_strict(config.strict_backends)
         if tp is None or tp.rank == 0:
             log.info("%s", self.backends.line(self.model))

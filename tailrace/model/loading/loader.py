@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -17,6 +18,7 @@ from tailrace.model.cpu import bf16_linear, int_linear
 from tailrace.model.decoder import registry
 
 from tailrace.heap import release_freed
+from tailrace.logs import timed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
 from tailrace.model.decoder.llama import (LayerNorm, Linear, LlamaForCausalLM, PooledDense, RMSNorm,
                                           reorder_rotary_dims)
@@ -28,6 +30,8 @@ from tailrace.model.loading.st_modules import dense_modules, logit_score_tokens
 from tailrace.model.loading.tp_shard import Shard, check_shardable, local_config, parallelize, shard_tensors
 from tailrace.model.options import LOAD_FORMATS
 from tailrace.model.quant import IntWeight, check_quantization, linear_for, quantize_linear, quantize_model
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DUMMY_STD = 0.02
@@ -139,10 +143,12 @@ def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantiza
         unread.add(table.name)
     else:
         unread.discard("token_embd.weight")  # the table the lookups read
-    tensors = gguf.checkpoint_tensors(reader, skip=unread)
-    load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
-    reorder_rotary_dims(model)
-    use_gguf_blocks(model, reader, blocks, table)
+    with timed(log, "reading the GGUF's other tensors"):
+        tensors = gguf.checkpoint_tensors(reader, skip=unread)
+        load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
+        reorder_rotary_dims(model)
+    with timed(log, "packing the GGUF's blocks"):
+        use_gguf_blocks(model, reader, blocks, table)
     gguf_file.release_pages(reader)
 
 
