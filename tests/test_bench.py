@@ -15,7 +15,7 @@ import pytest
 from tailrace.bench.records import LevelResult, RequestRecord, StreamRecorder
 from tailrace.bench.report import format_comparison, percentile, summarize, tpot, write_json
 from tailrace.bench.levels import shard_sizes
-from tailrace.bench.serve import LoadConfig, Workload, api_roots, request_body, run_level
+from tailrace.bench.serve import LoadConfig, Workload, api_roots, request_body, run_level, send
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
 from tailrace.bench.sse import SSEDecoder, decode_lines
 from tailrace.cli import main
@@ -188,6 +188,29 @@ def run_fake_level(concurrency: int, request_rate: float) -> tuple[LevelResult, 
             return await run_level(client, config, "m", Workload(["a b"] * 12, 1.0, False), concurrency)
 
     return asyncio.run(run()), peak
+
+
+def test_a_connection_closed_before_any_answer_is_tried_once_more_and_then_fails():
+    body = ("\n".join(RECORDED_STREAM) + "\n").encode()
+    calls = []
+
+    def closing(times: int):
+        async def handler(request: httpx.Request) -> httpx.Response:
+            calls.append(request)
+            if len(calls) <= times:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        return handler
+
+    async def one(times: int) -> RequestRecord:
+        calls.clear()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(closing(times))) as client:
+            return await send(client, "http://fake/v1/completions", {"prompt": "a"}, RequestRecord(0, 3))
+
+    retried = asyncio.run(one(1))
+    assert retried.ok and retried.output_tokens == 4 and len(calls) == 2
+    failed = asyncio.run(one(2))
+    assert not failed.ok and "RemoteProtocolError" in failed.error and len(calls) == 2
 
 
 def test_run_level_keeps_at_most_concurrency_requests_in_flight():

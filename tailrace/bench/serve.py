@@ -90,24 +90,35 @@ def request_body(config: LoadConfig, model: str, prompt: str) -> dict[str, Any]:
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any], record: RequestRecord) -> RequestRecord:
-    """One streamed request, timed from the moment it is sent; failures end up in the record."""
+    """One streamed request, timed from the moment it is first sent; failures end up in the record.
+    Where the server closed a kept-alive connection without answering (llama.cpp's server closes
+    one after a few requests), the request goes once more on a new connection, as the OpenAI
+    client retries a connection error: a request the server never saw is no failure of its."""
     recorder = StreamRecorder(record, perf_counter())
-    try:
-        async with client.stream("POST", url, content=orjson.dumps(body),
-                                 headers={"Content-Type": "application/json"}) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                recorder.fail(f"HTTP {response.status_code}: {text[:300]}")
-            else:
-                # Read to the end even after [DONE] so the connection goes back to the pool.
-                decoder = SSEDecoder()
-                async for line in response.aiter_lines():
-                    if (data := decoder.feed(line)) is not None:
+    for attempt in range(2):
+        answered = False
+        try:
+            async with client.stream("POST", url, content=orjson.dumps(body),
+                                     headers={"Content-Type": "application/json"}) as response:
+                answered = True
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    recorder.fail(f"HTTP {response.status_code}: {text[:300]}")
+                else:
+                    # Read to the end even after [DONE] so the connection goes back to the pool.
+                    decoder = SSEDecoder()
+                    async for line in response.aiter_lines():
+                        if (data := decoder.feed(line)) is not None:
+                            recorder.on_event(data, perf_counter())
+                    if (data := decoder.flush()) is not None:
                         recorder.on_event(data, perf_counter())
-                if (data := decoder.flush()) is not None:
-                    recorder.on_event(data, perf_counter())
-    except httpx.HTTPError as exc:
-        recorder.fail(f"{type(exc).__name__}: {exc}")
+        except httpx.RemoteProtocolError as exc:
+            if attempt == 0 and not answered:
+                continue
+            recorder.fail(f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            recorder.fail(f"{type(exc).__name__}: {exc}")
+        break
     return recorder.finish(perf_counter())
 
 
