@@ -79,18 +79,20 @@ class IntWeight:
             subs = subs + (spread(self.zeros) * self.mins.float())[..., None]
         return subs.view(out_features, in_features)
 
-    def grouped(self) -> IntWeight:
-        """The same 4-bit weights with a float scale and zero per group of 32, for PyTorch's kernel,
-        where sub-blocks are 32 inputs; the scale products then round to the kernel's type."""
+    def grouped(self) -> IntWeight | None:
+        """The same weights as codes of at most 8 bits with a float scale (and zero) per row or per
+        group of 32, PyTorch's kernels' forms (the scale products then round to their type), or
+        None where there is none: E2M1 codes, codes of 5 or 6 bits, scales per 16 inputs, or
+        integer scales without mins."""
+        if self.e2m1 or self.width > 4:
+            return None
         if self.sub is None:
             return self
-        if self.sub.shape[1] * INT4_GROUP_SIZE != self.codes.shape[1] or self.width != 4:
-            raise ValueError("only 4-bit codes with a scale per 32 inputs have a grouped form")
+        if self.sub.shape[1] * INT4_GROUP_SIZE != self.codes.shape[1] or self.mins is None:
+            return None
         spread = self.sub.shape[1] // self.scales.shape[1]
-        scales = self.scales.repeat_interleave(spread, dim=1) * self.sub.float()
-        zeros = (-self.offset * scales if self.mins is None
-                 else self.zeros.repeat_interleave(spread, dim=1) * self.mins.float())
-        return IntWeight(self.codes, scales, zeros)
+        return IntWeight(self.codes, self.scales.repeat_interleave(spread, dim=1) * self.sub.float(),
+                         self.zeros.repeat_interleave(spread, dim=1) * self.mins.float())
 
 
 def _float16_at_least(values: torch.Tensor) -> torch.Tensor:
@@ -186,15 +188,15 @@ def takes_grouped(out_features: int, in_features: int) -> bool:
 
 
 def linear_for(weight: IntWeight, bias: torch.Tensor | None) -> nn.Module | None:
-    """The module multiplying by `weight` here, or None where no kernel takes its shape (or, for
-    E2M1 codes, where tailrace's kernel cannot run: PyTorch's count their codes up from zero)."""
+    """The module multiplying by `weight` here, or None where no kernel takes its shape, or, where
+    tailrace's kernel cannot run, PyTorch's take no form of it (IntWeight.grouped says which)."""
     out_features, in_features = weight.codes.shape
     if int_linear.available() and int_linear.takes(in_features):
         return int_linear.IntLinear(weight.codes, weight.scales, weight.zeros, bias, e2m1=weight.e2m1,
                                     sub=weight.sub, mins=weight.mins, width=weight.width)
-    if weight.e2m1 or weight.width > 4 or (weight.sub is not None and weight.sub.shape[1] != in_features // 32):
-        return None
     weight = weight.grouped()
+    if weight is None:
+        return None
     if weight.bits == 8 and weight.scales.shape[1] == 1:
         return Int8Linear(weight, bias)
     if not int4_packable(out_features, in_features):

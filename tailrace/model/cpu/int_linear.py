@@ -78,6 +78,9 @@ class IntLinear(Module):
     """y = x @ w.T + bias with w = codes * scales (+ zeros), the scales per row or per 32 inputs, or
     GGUF's K-quant super-blocks (quant.IntWeight says how they make w)."""
 
+    # the packed weights, in the order the kernels take them (None where a form has none)
+    BUFFERS = ("codes", "high", "scales", "zeros", "sub", "mins")
+
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  bias: torch.Tensor | None, e2m1: bool = False, sub: torch.Tensor | None = None,
                  mins: torch.Tensor | None = None, width: int = 4) -> None:
@@ -104,7 +107,7 @@ class IntLinear(Module):
         layer = cls.__new__(cls)
         Module.__init__(layer)
         layer.out_features, layer.in_features = shape
-        for name, buffer in zip(("codes", "high", "scales", "zeros", "sub", "mins"), packed, strict=True):
+        for name, buffer in zip(cls.BUFFERS, packed, strict=True):
             layer.register_buffer(name, buffer)
         layer.register_buffer("bias", None if bias is None else bias.detach().float())
         layer._linear = kernels().int_linear
@@ -143,8 +146,9 @@ class IntEmbedding(Module):
         super().__init__()
         self.codes, self.dtype, self.rows = table.codes, dtype, table.out_features
         # what DecoderForward.set_outer takes, as IntLinear holds it
-        self.buffers_in_order = [table.codes, table.high, table.scales, table.zeros, table.sub, table.mins]
+        self.buffers_in_order = [getattr(table, name) for name in IntLinear.BUFFERS]
         self.width = table.in_features
+        self._rows = kernels().int_rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return kernels().int_rows(ids, *self.buffers_in_order, self.rows).to(self.dtype)
+        return self._rows(ids, *self.buffers_in_order, self.rows).to(self.dtype)

@@ -127,7 +127,7 @@ class FusedForward:
 
 
 # The buffers of the projections tailrace's kernels stream (a bias is added, not streamed).
-_STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: ("codes", "high", "scales", "zeros", "sub", "mins")}
+_STREAMED = {Bf16Linear: ("packed",), Float32Linear: ("packed",), IntLinear: IntLinear.BUFFERS}
 def _buffers(projection: Bf16Linear | Float32Linear | IntLinear | IntLinearParts) -> list[torch.Tensor | None]:
     """A projection's weights as DecoderForward.add_layer takes them: what it streams, then its bias
     (part after part)."""

@@ -106,16 +106,10 @@ def _value(view: memoryview, data: np.ndarray, position: int, kind: int) -> tupl
         return struct.unpack_from(fmt, view, position)[0], position + struct.calcsize(fmt)
     item, count = struct.unpack_from("<IQ", view, position)
     position += 12
-    if item == 8:
-        strings = []
-        for _ in range(count):
-            text, position = _string(view, position)
-            strings.append(text)
-        return strings, position
-    if item == 9:
+    if item in (8, 9):  # strings, or arrays: each its own length
         items = []
         for _ in range(count):
-            value, position = _value(view, data, position, 9)
+            value, position = _value(view, data, position, item)
             items.append(value)
         return items, position
     array = data[position:position + count * np.dtype(_DTYPES[item]).itemsize].view(_DTYPES[item])
