@@ -8,6 +8,7 @@ import transformers
 
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice, plain_attention
 from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.attention.state_cache import StateCache, StateShape
 from tailrace.model.loading.loader import load_model
 
 BLOCK_SIZE = 4
@@ -23,6 +24,8 @@ SMALL = dict(
     max_position_embeddings=256,
     head_dim=16,
 )
+_HYBRID = dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=16, linear_value_head_dim=8,
+               linear_num_key_heads=2, linear_num_value_heads=4)
 ARCHITECTURES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "llama3_rope": (
@@ -77,6 +80,15 @@ ARCHITECTURES = {
                      rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 32,
                                       "rope_theta": 150000.0})),
+    # Gated DeltaNet layers (v heads twice the q/k heads) beside gated attention with a quarter of
+    # each head turning; Qwen3-Next and Qwen3.5-MoE add a shared expert to the experts
+    "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, _HYBRID),
+    "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM,
+                    dict(_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=48)),
+    "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
+                   dict(_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=48, mlp_only_layers=[1])),
 }
 
 
@@ -95,7 +107,7 @@ def _randomize(model: torch.nn.Module) -> None:
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
-                if model.config.model_type.startswith("gemma"):
+                if model.config.model_type.startswith(("gemma", "qwen3_5", "qwen3_next")):  # scales by 1 + w
                     param.sub_(1.0)
             elif name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0.0, 0.1 if name.endswith("bias") else 1.0)
@@ -126,10 +138,11 @@ class Runner:
     def __init__(self, path) -> None:
         self.model, self.config = load_model(str(path), dtype="float32")
         c = self.config
-        plain = all(plain_attention(layer.self_attn.how, c.head_dim) for layer in self.model.model.layers)
+        plain = all(plain_attention(layer.self_attn.how, c.head_dim) for layer in self.model.model.layers
+                    if layer.self_attn is not None)
         self.cache = (KVCache if plain else PagedKVCache)(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.float32
-        )
+            len(c.attention_layers), c.num_key_value_heads, c.head_dim, NUM_BLOCKS, BLOCK_SIZE, torch.float32,
+            states=state_cache(c))
         self.next_block = 0
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
@@ -166,6 +179,15 @@ class Runner:
         del self.tables[key]
 
 
+def state_cache(c, max_seqs: int = 64) -> StateCache | None:
+    """A hybrid's state cache, as the runner makes it; None for a model without one."""
+    if not c.gated_delta_layers:
+        return None
+    shape = StateShape(2 * c.linear_key_heads * c.linear_key_dim + c.linear_value_heads * c.linear_value_dim,
+                       c.linear_conv_kernel, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim)
+    return StateCache(len(c.gated_delta_layers), shape, max_seqs, torch.float32, torch.device("cpu"))
+
+
 def reference_logits(hf_model, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf_model(torch.tensor([tokens])).logits[0].float()
@@ -186,7 +208,7 @@ def test_prefill_then_decode_matches_transformers(checkpoints, name):
     torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3", "gemma2", "qwen3_5"])
 def test_chunked_prefill_matches_transformers(checkpoints, name):
     path, hf_model = checkpoints[name]
     expected = reference_logits(hf_model, PROMPT + CONTINUATION[:1])
@@ -197,8 +219,9 @@ def test_chunked_prefill_matches_transformers(checkpoints, name):
     torch.testing.assert_close(torch.cat(got), expected, atol=ATOL, rtol=0)
 
 
-def test_prefill_and_decode_in_one_batch_match_running_alone(checkpoints):
-    path, _ = checkpoints["llama"]
+@pytest.mark.parametrize("name", ["llama", "qwen3_5"])  # a hybrid: each sequence's state is its own
+def test_prefill_and_decode_in_one_batch_match_running_alone(checkpoints, name):
+    path, _ = checkpoints[name]
     other_prompt = [9, 8, 7, 6, 5, 4, 3]
     alone = Runner(path)
     alone.step([(0, PROMPT)])
@@ -210,6 +233,19 @@ def test_prefill_and_decode_in_one_batch_match_running_alone(checkpoints):
     decode_mixed, prefill_mixed = mixed.step([(0, CONTINUATION[:1]), (1, other_prompt)])
     torch.testing.assert_close(decode_mixed, decode_alone, atol=ATOL, rtol=0)
     torch.testing.assert_close(prefill_mixed, prefill_alone, atol=ATOL, rtol=0)
+
+
+def test_hybrid_refuses_to_resume_without_its_state(checkpoints):
+    """The state of a prefix is not in the K/V pages: a sequence cannot start past position 0
+    without the slot it computed in."""
+    path, _ = checkpoints["qwen3_5"]
+    runner = Runner(path)
+    runner.step([(0, PROMPT)])
+    table, kv_len = runner.tables[0], runner.lengths[0]
+    runner.release(0)
+    runner.adopt(0, table, kv_len)
+    with pytest.raises(RuntimeError, match="without its recurrent state"):
+        runner.step([(0, CONTINUATION[:1])])
 
 
 def test_prefix_cache_hit_reads_shared_blocks_from_pages(checkpoints):
@@ -224,8 +260,9 @@ def test_prefix_cache_hit_reads_shared_blocks_from_pages(checkpoints):
     torch.testing.assert_close(torch.cat(got), expected[shared:], atol=ATOL, rtol=0)
 
 
-def test_release_then_prefill_again_gives_same_logits(checkpoints):
-    path, _ = checkpoints["llama"]
+@pytest.mark.parametrize("name", ["llama", "qwen3_5"])  # a hybrid's released slot starts from zero
+def test_release_then_prefill_again_gives_same_logits(checkpoints, name):
+    path, _ = checkpoints[name]
     runner = Runner(path)
     first = runner.step([(0, PROMPT)])[0]
     runner.step([(0, CONTINUATION[:2])])

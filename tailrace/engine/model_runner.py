@@ -32,6 +32,7 @@ from tailrace.logs import timed
 from tailrace.model import backends
 from tailrace.model.attention.kv_cache import KVCache
 from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.attention.state_cache import StateCache, StateShape
 from tailrace.model.loading.loader import load_model, resolve_quantization
 from tailrace.outputs import TokenLogprob
 
@@ -116,7 +117,7 @@ class ModelRunner:
         # Under tensor parallelism decode runs eagerly: no graphs are captured around the collectives yet.
         # An engine keeping no K/V never decodes.
         if (self.device.type == "cuda" and self.backends.attention.layout == "paged" and self.backends.attention.plain
-                and not config.enforce_eager and tp is None and self.keeps_kv):
+                and not config.enforce_eager and tp is None and self.keeps_kv and not mc.gated_delta_layers):
             self.graphs = DecodeGraphs(self.model, self.cache, self.inputs, config.max_num_seqs)
         self.shared_generator = make_generator(config.seed)
         self.masks = MaskWorker(mc.vocab_size, overlap=self.asynchronous)
@@ -168,7 +169,7 @@ class ModelRunner:
         if not self.keeps_kv:  # its blocks only count the sequences' tokens
             return config.num_kv_blocks or -(-config.max_num_seqs * self.max_model_len // config.block_size)
         kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
-        per_block = KVCache.bytes_per_block(mc.num_hidden_layers, kv_heads, mc.head_dim, config.block_size, dtype)
+        per_block = KVCache.bytes_per_block(len(mc.attention_layers), kv_heads, mc.head_dim, config.block_size, dtype)
         kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if free_before_load is not None
                     else fixed_kv_cache_bytes(config))
         blocks = config.num_kv_blocks or kv_bytes // per_block
@@ -182,17 +183,32 @@ class ModelRunner:
         """self.cache in the layout and with the kernel the backends chose; the scratch block of
         padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
-        layers = mc.num_hidden_layers if self.keeps_kv else 0  # a cache keeping no K/V holds no layer
+        layers = len(mc.attention_layers) if self.keeps_kv else 0  # a cache keeping no K/V holds no layer
         cache_args = (layers, self.model.config.num_key_value_heads, mc.head_dim)
+        states = self._allocate_states(config)
         if self.backends.attention.layout == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
                                       max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      kernel=self.backends.attention.kernel)
+                                      kernel=self.backends.attention.kernel, states=states)
             return self.num_blocks
         self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
-                             max_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+                             max_seqs=config.max_num_seqs, max_model_len=self.max_model_len, states=states)
         return None
+
+    def _allocate_states(self, config: EngineConfig) -> StateCache | None:
+        """A hybrid's state cache: a slot for each sequence that may run at once (--max-num-seqs),
+        beside the KV cache's blocks; None for a model without linear-attention layers."""
+        mc = self.model_config
+        if not mc.gated_delta_layers:
+            return None
+        shape = StateShape(2 * mc.linear_key_heads * mc.linear_key_dim + mc.linear_value_heads * mc.linear_value_dim,
+                           mc.linear_conv_kernel, mc.linear_value_heads, mc.linear_key_dim, mc.linear_value_dim)
+        states = StateCache(len(mc.gated_delta_layers), shape, config.max_num_seqs, self.model.dtype, self.device)
+        log.info("state cache: %d Gated DeltaNet layers, %d sequences, %.1f MiB (%.2f MiB a sequence)",
+                 len(mc.gated_delta_layers), config.max_num_seqs, states.nbytes / 2**20,
+                 states.nbytes / config.max_num_seqs / 2**20)
+        return states
 
     def _gpu_kv_cache_bytes(self, config: EngineConfig, free_before_load: int, dtype_bytes: int) -> int:
         torch.cuda.empty_cache()  # blocks the loader freed would otherwise count as the weights'

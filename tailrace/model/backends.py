@@ -137,7 +137,8 @@ class Attention:
 
 def is_plain(model: LlamaForCausalLM) -> bool:
     """Whether every layer's attention is plain (attention.plain_attention)."""
-    return all(plain_attention(layer.self_attn.how, model.config.head_dim) for layer in model.model.layers)
+    return all(plain_attention(layer.self_attn.how, model.config.head_dim) for layer in model.model.layers
+               if layer.self_attn is not None)
 
 
 def choose_attention(asked: str, device: str, dtype: torch.dtype, head_dim: int, plain: bool = True) -> Attention:
@@ -237,6 +238,8 @@ def _not_fusable(model: LlamaForCausalLM) -> str | None:
     eps, kinds = model.config.rms_norm_eps, FUSED_PROJECTIONS.get(model.dtype)
     if not model.config.causal:
         return "bidirectional attention (an encoder's, or EmbeddingGemma's) runs module by module"
+    if model.config.gated_delta_layers:
+        return "Gated DeltaNet layers run module by module"
     if kinds is None:
         return f"dtype {model.dtype}"
     embed = model.model.embed_tokens

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tailrace.model.attention.state_cache import StateCache
 
 _MIN_SLAB_CAPACITY = 16
 _CAPACITY_STEP = 64
@@ -151,7 +155,9 @@ class KVCache:
         device: str | torch.device = "cpu",
         max_seqs: int = 64,
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
+        states: StateCache | None = None,  # a hybrid's linear-attention states, kept beside the K/V
     ) -> None:
+        self.states = states
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -188,6 +194,8 @@ class KVCache:
     @torch.inference_mode()
     def begin(self, batch: AttentionBatch) -> None:
         """Give each sequence a slot holding exactly its cached tokens, and plan the step's attention."""
+        if self.states is not None:
+            self.states.begin(batch)
         slots = [self._slot_for(seq.key) for seq in batch.seqs]
         self._resize(max((seq.kv_len for seq in batch.seqs), default=0), max(slots, default=-1) + 1)
         row_slots, row_positions, prefills, decoding = [], [], [], []
@@ -247,6 +255,8 @@ class KVCache:
 
     def release(self, key: int) -> None:
         """The sequence finished, was aborted or preempted: free its slot (its pages stay)."""
+        if self.states is not None:
+            self.states.release(key)
         slot = self._slot_of.pop(key, None)
         if slot is not None:
             self._slot_len[slot] = 0

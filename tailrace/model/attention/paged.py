@@ -13,8 +13,9 @@ sequence).
 
 from __future__ import annotations
 
-from types import ModuleType
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ import torch.nn.functional as F
 from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, PagedAttentionMetadata,
                                                SeqSlice, new_pages, plain_attention)
 from tailrace.model.cpu.kernels import kernels
+
+if TYPE_CHECKING:
+    from tailrace.model.attention.state_cache import StateCache
 
 
 def _triton_attention() -> ModuleType:
@@ -125,7 +129,9 @@ class PagedKVCache:
         max_seqs: int = 64,
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
         kernel: str = "pytorch",
+        states: StateCache | None = None,  # a hybrid's linear-attention states, kept beside the K/V
     ) -> None:
+        self.states = states
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -170,6 +176,8 @@ class PagedKVCache:
     @torch.inference_mode()
     def begin(self, batch: AttentionBatch) -> None:
         """Send the step's metadata to the device once; every layer's `attend` reads it."""
+        if self.states is not None:
+            self.states.begin(batch)
         seqs = batch.seqs
         if len(seqs) > self.max_seqs:
             raise RuntimeError(f"more than max_seqs={self.max_seqs} sequences in one step")
@@ -215,7 +223,10 @@ class PagedKVCache:
         return self.metadata
 
     def release(self, key: int) -> None:
-        """Nothing to free: no state is kept per sequence, its block table comes with every step."""
+        """The sequence's state slot, where the model keeps states; no K/V is kept per sequence
+        (its block table comes with every step)."""
+        if self.states is not None:
+            self.states.release(key)
 
     def _split(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         loc, lens, tables = flat.split([self.max_seqs + 1, self.max_seqs, self.max_seqs * self.max_blocks_per_seq])

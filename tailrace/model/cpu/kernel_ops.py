@@ -20,12 +20,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tailrace.model.attention import gated_delta
 from tailrace.model.attention.kv_cache import LayerAttention, PagedAttentionMetadata
 from tailrace.model.attention.paged import paged_attention_reference
+from tailrace.model.attention.state_cache import StateStep
 from tailrace.model.cpu.bf16_linear import pack, pack_float32, padded
 from tailrace.model.cpu.int_linear import BLOCK, pack_codes, pack_scales
-from tailrace.model.decoder.llama import (RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul, silu_and_mul,
-                                          swiglu_oai_and_mul)
+from tailrace.model.decoder.llama import (GatedRMSNorm, RMSNorm, apply_rotary, choose_experts, gelu_tanh_and_mul,
+                                          sigmoid_mul, silu_and_mul, swiglu_oai_and_mul)
 from tailrace.model.quant import quantize_int4, quantize_int8
 
 Inputs = dict[str, Any]
@@ -257,8 +259,70 @@ def _run_exp(module: ModuleType, i: Inputs) -> torch.Tensor:
     return x
 
 
+# causal_conv and delta_rule: sequences of 1 to 5 rows in slots drawn at random, each continuing a
+# random state; the output and the states after, from copies of the states
+def _sequences(g: torch.Generator, rows: int, slots: int) -> StateStep:
+    lengths, start = [], 0
+    while start < rows:
+        lengths.append(min(rows - start, 1 + len(lengths) % 5))
+        start += lengths[-1]
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    chosen = torch.randperm(slots, generator=g)[:len(lengths)].tolist()
+    return StateStep(torch.tensor(starts), torch.tensor(chosen),
+                     [(starts[i], starts[i + 1], chosen[i]) for i in range(len(lengths))])
+
+
+def _make_causal_conv(dtype: str, g: torch.Generator, rows: int, channels: int, kernel: int) -> Inputs:
+    dt, slots = _dtype(dtype), rows + 2
+    return {"x": torch.randn(rows, channels, generator=g).to(dt), "weight": (torch.randn(channels, kernel, generator=g)
+            * 0.5).to(dt), "states": torch.randn(slots, kernel - 1, channels, generator=g).to(dt),
+            "step": _sequences(g, rows, slots)}
+
+
+def _make_delta_rule(dtype: str, g: torch.Generator, rows: int, key_heads: int, value_heads: int, key: int,
+                     value: int) -> Inputs:
+    dt, slots = _dtype(dtype), rows + 2
+    # q, k and v views of one row, and a, b of another, as the model has them
+    q, k, v = torch.randn(rows, 2 * key_heads * key + value_heads * value, generator=g).to(dt).split(
+        [key_heads * key, key_heads * key, value_heads * value], dim=1)
+    a, b = (torch.randn(rows, 2 * value_heads, generator=g) * 2).to(dt).split(value_heads, dim=1)
+    return {"q": q.view(rows, key_heads, key), "k": k.view(rows, key_heads, key), "v": v.view(rows, value_heads, value),
+            "a": a, "b": b, "decay_rate": -torch.rand(value_heads, generator=g) * 4, "dt_bias": torch.randn(value_heads,
+            generator=g).to(dt), "states": torch.randn(slots, value_heads, key, value, generator=g) * 0.1,
+            "step": _sequences(g, rows, slots)}
+
+
+def _rule_args(i: Inputs) -> list[torch.Tensor]:
+    return [i[name] for name in ("q", "k", "v", "a", "b", "decay_rate", "dt_bias")]
+
+
+def _make_gated_norm(dtype: str, g: torch.Generator, rows: int, heads: int, width: int) -> Inputs:
+    dt = _dtype(dtype)
+    z = torch.randn(rows, 3 * heads * width, generator=g).to(dt)[:, heads * width:2 * heads * width]  # a view
+    return {"x": torch.randn(rows, heads, width, generator=g), "z": z.view(rows, heads, width),
+            "weight": torch.rand(width, generator=g).to(dt) + 0.5, "eps": 1e-6}
+
+
+def _make_sigmoid_mul(dtype: str, g: torch.Generator, rows: int, width: int) -> Inputs:
+    dt = _dtype(dtype)
+    return {"x": torch.randn(rows, width, generator=g).to(dt), "gate": torch.randn(rows, width, generator=g).to(dt) * 3,
+            "row_gate": torch.randn(rows, 1, generator=g).to(dt) * 3}
+
+
+def _gated_norm_reference(i: Inputs) -> torch.Tensor:
+    norm = GatedRMSNorm(i["weight"].shape[0], i["eps"], i["weight"].dtype)
+    norm.weight.data.copy_(i["weight"])
+    return norm(i["x"], i["z"])
+
+
+def _with_states(run: Callable[[torch.Tensor], torch.Tensor], i: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    states = i["states"].clone()
+    return run(states), states
+
+
 BF16_F32 = ("bfloat16", "float32")
 SMOLLM = dict(hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152)
+QWEN35 = dict(key_heads=16, value_heads=16, conv_channels=6144)  # Qwen3.5-0.8B's Gated DeltaNet
 
 OPS: tuple[KernelOp, ...] = (
     KernelOp("rms_norm", BF16_F32, _make_rms_norm,
@@ -320,6 +384,33 @@ OPS: tuple[KernelOp, ...] = (
              {"float32": EXACT}, dict(rows=5, vocab=1003), dict(vocab=SMOLLM["vocab"])),
     KernelOp("exp_skipping_neg_inf", ("float32",), _make_exp, _run_exp, lambda i: i["x"].exp(),
              {"float32": EXACT}, dict(rows=5, vocab=1003), dict(vocab=SMOLLM["vocab"])),
+    # SiLU by the kernels' exp, not torch's: within a rounding of the dtype (the states are copies)
+    KernelOp("causal_conv", BF16_F32, _make_causal_conv,
+             lambda m, i: _with_states(lambda s: m.causal_conv(i["x"], i["weight"], s, i["step"].starts,
+                                                               i["step"].slots), i),
+             lambda i: _with_states(lambda s: gated_delta.causal_conv(i["x"], i["weight"], s, i["step"]), i),
+             {"bfloat16": Tolerance(1e-2, 1e-2), "float32": Tolerance(1e-5, 1e-5)},
+             dict(rows=13, channels=100, kernel=4), dict(channels=QWEN35["conv_channels"], kernel=4)),
+    # float32 throughout, the sums in another order than torch's reductions
+    KernelOp("delta_rule", BF16_F32, _make_delta_rule,
+             lambda m, i: _with_states(lambda s: m.delta_rule(*_rule_args(i), s, i["step"].starts,
+                                                              i["step"].slots), i),
+             lambda i: _with_states(lambda s: gated_delta.delta_rule(*_rule_args(i), s, i["step"]), i),
+             {"bfloat16": Tolerance(1e-4, 1e-4), "float32": Tolerance(1e-4, 1e-4)},
+             dict(rows=13, key_heads=2, value_heads=4, key=16, value=24),
+             dict(key_heads=QWEN35["key_heads"], value_heads=QWEN35["value_heads"], key=128, value=128)),
+    # SiLU by the kernels' exp, not torch's: within a rounding
+    KernelOp("gated_norm", BF16_F32, _make_gated_norm,
+             lambda m, i: m.gated_norm(i["x"], i["z"], i["weight"], i["eps"]),
+             lambda i: _gated_norm_reference(i),
+             {"bfloat16": Tolerance(1e-2, 1e-2), "float32": Tolerance(1e-5, 1e-5)},
+             dict(rows=5, heads=3, width=40), dict(heads=QWEN35["value_heads"], width=128)),
+    # the sigmoid by the kernels' exp: within a rounding; a gate per element and one per row
+    KernelOp("sigmoid_mul", BF16_F32, _make_sigmoid_mul,
+             lambda m, i: [m.sigmoid_mul(i["x"], i["gate"]), m.sigmoid_mul(i["x"], i["row_gate"])],
+             lambda i: [sigmoid_mul(i["x"], i["gate"]), sigmoid_mul(i["x"], i["row_gate"])],
+             {"bfloat16": Tolerance(1e-2, 1e-2), "float32": Tolerance(1e-5, 1e-5)},
+             dict(rows=7, width=100), dict(width=SMOLLM["hidden"])),
 )
 
 BY_NAME = {op.name: op for op in OPS}

@@ -14,6 +14,8 @@
   engine/sampler.py.
 - `route_experts`: a mixture of experts' choice of experts and their weights for each row, see
   llama.MoE.
+- `causal_conv`, `delta_rule`: a Gated DeltaNet layer's convolution and recurrence over each
+  sequence of a step, continuing its slot's state, see attention/gated_delta.py.
 - `DecoderForward`, `DecoderForwardFloat32`: a bfloat16 forward (bfloat16 or integer projections)
   or a float32 one, token ids to the final norm, in one call to the kernels above, see
   cpu_ops.FusedForward.
@@ -48,7 +50,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("module.cpp", "bf16_linear.cpp", "paged_attention.cpp", "elementwise.cpp", "int_linear.cpp",
                          "decoder.cpp", "bf16_amx.cpp", "token_mask.cpp", "greedy.cpp", "experts.cpp",
-                          "gguf_blocks.cpp")]
+                         "gguf_blocks.cpp", "gated_delta.cpp")]
 # -ffp-contract=off: a float a + b * c stays two roundings, as the reference's eager ops round it
 # (GCC would fuse it into one FMA; the kernels' own FMAs are explicit).
 _COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]

@@ -23,6 +23,7 @@ import torch
 
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache
 from tailrace.model.attention.paged import PagedKVCache
+from tailrace.model.attention.state_cache import StateStep
 from tailrace.model.cpu.bf16_linear import Bf16Linear, Float32Linear, PackedEmbedding
 from tailrace.heap import release_freed
 from tailrace.model.cpu.huge_pages import Arena
@@ -31,8 +32,8 @@ from tailrace.model.cpu.kernels import kernels
 from tailrace.model.cpu.linear import pack_linears, pack_routers
 from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import LayerPlan, forward_plan
-from tailrace.model.decoder.llama import (ROTARY_MODULES, DecoderLayer, LlamaForCausalLM, Module, MoE, RMSNorm,
-                                          replace_elementwise)
+from tailrace.model.decoder.llama import (ROTARY_MODULES, Attention, DecoderLayer, GatedDeltaNet, GatedRMSNorm,
+                                          LlamaForCausalLM, Module, MoE, RMSNorm, replace_elementwise)
 
 
 
@@ -48,14 +49,42 @@ class KernelRMSNorm(Module):
 
 
 def use_cpu_kernels(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """Every RMSNorm, rotary embedding, activation-and-multiply and choice of experts of the model
-    through the kernels, in place."""
+    """Every RMSNorm, rotary embedding, activation-and-multiply, choice of experts and Gated
+    DeltaNet recurrence of the model through the kernels, in place."""
     ops = kernels()
     replace_elementwise(model, KernelRMSNorm, ops.rotary, _act_and_mul(model.config))
     for module in model.modules():
         if isinstance(module, MoE):
             module.choose = functools.partial(ops.route_experts, **module.routing)
+        if isinstance(module, (MoE, Attention)):
+            module.gate_mul = ops.sigmoid_mul
+        elif isinstance(module, GatedDeltaNet):
+            module.conv, module.rule = kernel_causal_conv, kernel_delta_rule
+            module.norm = KernelGatedNorm(module.norm)
     return model
+
+
+class KernelGatedNorm(Module):
+    def __init__(self, norm: GatedRMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps
+        self._gated_norm = kernels().gated_norm
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self._gated_norm(x, gate, self.weight, self.eps)
+
+
+def kernel_causal_conv(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, step: StateStep) -> torch.Tensor:
+    """gated_delta.causal_conv on the kernel."""
+    return kernels().causal_conv(x, weight, states, step.starts, step.slots)
+
+
+def kernel_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      decay_rate: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor,
+                      step: StateStep) -> torch.Tensor:
+    """gated_delta.delta_rule on the kernel."""
+    return kernels().delta_rule(q, k, v, a, b, decay_rate, dt_bias, states, step.starts, step.slots)
 
 
 def _act_and_mul(config: ModelConfig) -> dict:

@@ -95,19 +95,49 @@ class ModelConfig:
     # A sequence classifier's outputs (a cross-encoder's: score.out_proj(tanh(score.dense(h))) of
     # its first token's hidden state h); 0: no classifier
     num_labels: int = 0
+    # Per layer, how it mixes positions: "attention" (softmax attention over the KV cache), or
+    # "gated_delta" (Gated DeltaNet, a linear attention that keeps a fixed-size state per
+    # sequence: Qwen3.5's and Qwen3-Next's three of every four layers). Its shape: q/k heads and
+    # their dims, v heads (a multiple of the q/k heads) and theirs, the causal convolution's width.
+    layer_mixers: list[str] = field(default_factory=list)
+    linear_key_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_heads: int = 0
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 0
+    # q_proj also gives each head a gate: the attention's output times sigmoid(gate) goes to
+    # o_proj (Qwen3-Next's and Qwen3.5's attention layers)
+    attention_output_gate: bool = False
+    # A mixture of experts' shared expert (an MLP of this width every token takes, times
+    # sigmoid(shared_expert_gate(x))); 0: none
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
+        self.layer_mixers = self.layer_mixers or ["attention"] * layers
         self.layer_windows = self.layer_windows or [None] * layers
         self.layer_rope = self.layer_rope or ["global"] * layers
         self.layer_moe = self.layer_moe or [False] * layers
         self.attention_scale = self.attention_scale or self.head_dim**-0.5
         self.rotary_dim = self.rotary_dim or self.head_dim
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers that attend over the KV cache, in order: the i-th keeps its K/V in the
+        cache's layer i."""
+        return [i for i, mixer in enumerate(self.layer_mixers) if mixer == "attention"]
+
+    @property
+    def gated_delta_layers(self) -> list[int]:
+        """The Gated DeltaNet layers, in order: the i-th keeps its state in the state cache's layer i."""
+        return [i for i, mixer in enumerate(self.layer_mixers) if mixer == "gated_delta"]
+
 
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     raw = _text_part(raw)
     entry = _architecture(raw)
+    if entry.gated_delta:  # a quarter of each head rotates unless the config says otherwise
+        raw = {"partial_rotary_factor": 0.25, **raw}
     if entry.encoder == "nomic":
         raw = _nomic_keys(raw)
     elif entry.encoder == "modernbert":
@@ -157,11 +187,13 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=as_id_list(raw.get("eos_token_id")),
         layer_windows=[window if kind == "sliding_attention" else None for kind in layer_types],
+        layer_mixers=["gated_delta" if kind == "linear_attention" else "attention" for kind in layer_types],
         layer_rope=_layer_rope(raw, entry, layer_types, local_theta),
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", activations[act]),
-        **(_family_features(raw, entry) | encoder | ({"causal": False} if bidirectional else {})),
+        **(_family_features(raw, entry) | encoder | _linear_attention(raw, entry)
+           | ({"causal": False} if bidirectional else {})),
         **experts,
     )
 
@@ -190,12 +222,26 @@ def _family_features(raw: dict[str, Any], entry: registry.Architecture) -> dict[
                      "attention_scale": raw["query_pre_attn_scalar"] ** -0.5,
                      "attention_softcap": raw.get("attn_logit_softcapping"),
                      "final_logit_softcap": raw.get("final_logit_softcapping")}
+    if entry.zero_centered_norms:
+        features["norm_weight_offset"] = 1.0
     if entry.multipliers:
         features |= {"embedding_multiplier": raw.get("embedding_multiplier", 1.0),
                      "residual_multiplier": raw.get("residual_multiplier", 1.0),
                      "attention_scale": raw.get("attention_multiplier", 0.0),
                      "logit_divisor": raw.get("logits_scaling", 1.0)}
     return features
+
+
+def _linear_attention(raw: dict[str, Any], entry: registry.Architecture) -> dict[str, Any]:
+    """A hybrid's Gated DeltaNet shape and its attention layers' output gate (Qwen3-Next, Qwen3.5)."""
+    if not entry.gated_delta:
+        return {}
+    key_heads, value_heads = raw.get("linear_num_key_heads", 16), raw.get("linear_num_value_heads", 32)
+    if value_heads % key_heads:
+        raise ValueError(f"linear_num_value_heads {value_heads} must be a multiple of linear_num_key_heads {key_heads}")
+    return {"linear_key_heads": key_heads, "linear_key_dim": raw.get("linear_key_head_dim", 128),
+            "linear_value_heads": value_heads, "linear_value_dim": raw.get("linear_value_head_dim", 128),
+            "linear_conv_kernel": raw.get("linear_conv_kernel_dim", 4), "attention_output_gate": True}
 
 
 def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architecture) -> dict[str, Any]:
@@ -350,7 +396,9 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
 
 def _experts(raw: dict[str, Any], entry: registry.Architecture, layers: int) -> dict[str, Any]:
     """The MoE fields: Qwen3-MoE's layers are sparse but for mlp_only_layers, every
-    decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k."""
+    decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k;
+    Qwen3-Next's and Qwen3.5's are Qwen3-MoE's with a shared expert, renormalised unless the
+    config says not."""
     experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
     if not entry.moe or not experts:
         return {}
@@ -362,14 +410,15 @@ def _experts(raw: dict[str, Any], entry: registry.Architecture, layers: int) -> 
                 "moe_intermediate_size": raw["intermediate_size"], "moe_bias": True, "router_topk_first": True,
                 "hidden_act": "swiglu_oai", "swiglu_alpha": raw.get("swiglu_alpha", 1.702),
                 "swiglu_limit": raw.get("swiglu_limit", 7.0)}
-    mixtral = entry.moe == "mixtral"
+    mixtral, shared = entry.moe == "mixtral", entry.moe == "qwen3_next"
     dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
     return {
+        "shared_expert_intermediate_size": raw.get("shared_expert_intermediate_size", 0) if shared else 0,
         "layer_moe": [mixtral or (i not in dense and (i + 1) % step == 0) for i in range(layers)],
         "num_experts": experts,
         "experts_per_token": top_k,
         "moe_intermediate_size": raw["intermediate_size"] if mixtral else raw["moe_intermediate_size"],
-        "norm_topk_prob": mixtral or raw.get("norm_topk_prob", False),
+        "norm_topk_prob": mixtral or raw.get("norm_topk_prob", shared),
         "router_float32": mixtral,
     }
 
@@ -383,20 +432,25 @@ def _yarn_mscale(factor: float, mscale: float | None, mscale_all_dim: float | No
 
 
 def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]:
-    """Each layer's "full_attention" or "sliding_attention": the config's `layer_types`, else the
-    architecture's pattern as older configs imply it."""
+    """Each layer's "full_attention", "sliding_attention" or (a hybrid's) "linear_attention": the
+    config's `layer_types`, else the architecture's pattern as older configs imply it. A sliding
+    layer attends fully where the config has no window (or, for Qwen's, does not use it)."""
     layers = raw["num_hidden_layers"]
+    allowed = {"full_attention", "sliding_attention"} | ({"linear_attention"} if entry.gated_delta else set())
     if raw.get("layer_types"):
         types = list(raw["layer_types"])
-        if len(types) != layers or set(types) - {"full_attention", "sliding_attention"}:
-            raise ValueError(f"layer_types must name full_attention or sliding_attention for each of {layers} layers")
+        if len(types) != layers or set(types) - allowed:
+            raise ValueError(f"layer_types must name one of {', '.join(sorted(allowed))} for each of {layers} layers")
+    elif entry.gated_delta:
+        every = raw.get("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
     elif entry.sliding_period:
         pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or entry.sliding_period
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     else:
         types = ["sliding_attention" if raw.get("sliding_window") else "full_attention"] * layers
     if not raw.get("sliding_window") or (entry.window_needs_flag and not raw.get("use_sliding_window", False)):
-        types = ["full_attention"] * layers
+        types = ["full_attention" if kind == "sliding_attention" else kind for kind in types]
     return types
 
 

@@ -166,4 +166,13 @@ OUTSIDE_PLAN = {
     "mlp_bias": "an encoder's: not in the one-call forward",
     "num_labels": "the score head, after the forward",
     "norm_bias": "an encoder's: not in the one-call forward",
+    # A hybrid's forward runs module by module (backends refuses it the one-call forward).
+    "layer_mixers": "a hybrid's Gated DeltaNet layers: not in the one-call forward",
+    "linear_key_heads": "a hybrid's: not in the one-call forward",
+    "linear_key_dim": "a hybrid's: not in the one-call forward",
+    "linear_value_heads": "a hybrid's: not in the one-call forward",
+    "linear_value_dim": "a hybrid's: not in the one-call forward",
+    "linear_conv_kernel": "a hybrid's: not in the one-call forward",
+    "attention_output_gate": "a hybrid's gated attention: not in the one-call forward",
+    "shared_expert_intermediate_size": "a hybrid's shared expert: not in the one-call forward",
 }

@@ -1,8 +1,9 @@
 """The decoder of every supported architecture (Llama 2/3, Mistral, Qwen2, Qwen3, Qwen3-MoE,
-Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3, Granite, OLMo 2) over one flat batch of tokens: a
-Llama decoder with the features config.py reads for each architecture (per-layer sliding windows
-and rotary tables, NoPE layers, partial rotary, GeGLU, multipliers, soft caps, attention sinks,
-experts). Each layer runs the steps layer_plan.py makes (where the norms go, the residual's
+Mixtral, gpt-oss, SmolLM3, Gemma 2 and 3, Phi-3, Granite, OLMo 2, Qwen3.5, Qwen3-Next) over one
+flat batch of tokens: a Llama decoder with the features config.py reads for each architecture
+(per-layer sliding windows and rotary tables, NoPE layers, partial rotary, GeGLU, multipliers,
+soft caps, attention sinks, experts and a shared expert, gated attention output, Gated DeltaNet
+layers in place of attention). Each layer runs the steps layer_plan.py makes (where the norms go, the residual's
 multiplier), the same steps csrc/decoder.cpp runs in one call.
 
 Parameters are named as in Hugging Face checkpoints, except that q/k/v and gate/up are fused
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tailrace.model.attention import gated_delta
 from tailrace.model.attention.whole_sequence import attend_whole
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention
 from tailrace.model.decoder.config import ModelConfig
@@ -187,10 +189,17 @@ def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
 
 
 def qkv_row_order(config: ModelConfig) -> torch.Tensor:
-    """The fused q/k/v projection's rows with each q and k head's dims in rotary_order."""
+    """The fused q/k/v projection's rows with each q and k head's dims in rotary_order (v's rows,
+    and the output gate's, as they are)."""
     dim, qk_heads = config.head_dim, config.num_attention_heads + config.num_key_value_heads
     rows = (torch.arange(qk_heads)[:, None] * dim + rotary_order(dim, config.rotary_dim)).flatten()
-    return torch.cat((rows, torch.arange(qk_heads * dim, (qk_heads + config.num_key_value_heads) * dim)))
+    return torch.cat((rows, torch.arange(qk_heads * dim, qkv_rows(config))))
+
+
+def qkv_rows(config: ModelConfig) -> int:
+    """The fused projection's outputs: q, k, v, and with an output gate one more per q dim."""
+    q_size = config.num_attention_heads * config.head_dim
+    return q_size * (2 if config.attention_output_gate else 1) + 2 * config.num_key_value_heads * config.head_dim
 
 
 def reorder_rotary_dims(model: LlamaForCausalLM) -> None:
@@ -203,6 +212,8 @@ def reorder_rotary_dims(model: LlamaForCausalLM) -> None:
     with torch.no_grad():
         for layer in model.model.layers:
             attn = layer.self_attn
+            if attn is None:
+                continue
             for param, order in ((attn.qkv_proj.weight, rows), (attn.qkv_proj.bias, rows),
                                  (getattr(attn.q_norm, "weight", None), dims),
                                  (getattr(attn.k_norm, "weight", None), dims)):
@@ -220,15 +231,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(Module):
+    """Softmax attention over the KV cache. With an output gate (Qwen3-Next), the fused projection's
+    rows are q, k, v, then the gate (q_proj's other half per head, loader.py): the output times
+    sigmoid(gate) goes to o_proj."""
+
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer = config.attention_layers.index(layer)  # its layer of the KV cache
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = [q_size + kv_size, kv_size]
-        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, config.attention_bias, dtype)
+        self.split = [q_size + kv_size, kv_size] + ([q_size] if config.attention_output_gate else [])
+        self.qkv_proj = Linear(config.hidden_size, qkv_rows(config), config.attention_bias, dtype)
         self.o_proj = Linear(q_size, config.hidden_size, config.attention_out_bias, dtype)
         # per head, or (OLMo 2) over all of q's and all of k's heads at once
         self.qk_norm_heads = config.qk_norm_over_heads
@@ -241,6 +256,7 @@ class Attention(Module):
         self.sinks = _empty(self.num_heads, dtype=dtype) if config.attention_sinks else None
         self.causal = config.causal  # False: an encoder's, every row of a sequence sees all of it
         self.rotate = apply_rotary  # model/cpu/ops.py puts a one-call kernel here on CPU
+        self.gate_mul = sigmoid_mul  # and here
 
     def forward(
         self,
@@ -249,7 +265,7 @@ class Attention(Module):
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
-        qk, v = self.qkv_proj(x).split(self.split, dim=-1)
+        qk, v, *gate = self.qkv_proj(x).split(self.split, dim=-1)
         qk = qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
@@ -268,7 +284,77 @@ class Attention(Module):
             out = cache.attend(self.layer, q, k, v, batch, self.how, self.sinks)
         else:  # a cache keeping no K/V: each sequence runs whole in this step
             out = attend_whole(q, k, v, batch, self.how, self.causal)
-        return self.o_proj(out.reshape(x.shape[0], -1))
+        out = out.reshape(x.shape[0], -1)
+        if gate:
+            out = self.gate_mul(out, gate[0])
+        return self.o_proj(out)
+
+
+class GatedRMSNorm(Module):
+    """Gated DeltaNet's output norm, per value head: x (float32 [T, heads, dim]) rounded to the
+    gate's dtype, RMSNorm (weight times the normed x rounded to the dtype) times SiLU(gate) in
+    float32, rounded once -> [T, heads * dim]."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(dim, dtype=dtype)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = x.to(gate.dtype).float()
+        h = h * (h * h).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return (self.weight * h.to(gate.dtype) * F.silu(gate.float())).to(gate.dtype).flatten(1)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x times sigmoid(gate) (one gate per row where gate is [T, 1]), the sigmoid rounded to the dtype."""
+    return x * torch.sigmoid(gate)
+
+
+class CausalConv(Module):
+    """A depthwise causal convolution's weights [channels, 1, kernel], as checkpoints store them."""
+
+    def __init__(self, channels: int, kernel: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(channels, 1, kernel, dtype=dtype)
+
+
+class GatedDeltaNet(Module):
+    """A Gated DeltaNet layer (Qwen3.5, Qwen3-Next): a linear attention whose per-sequence state
+    (attention/state_cache.py) takes the place of a growing K/V. One fused projection gives the
+    convolved q/k/v channels, the output gate z, and per value head beta's and the decay's inputs
+    (b, a); after the causal convolution and the gated delta rule (attention/gated_delta.py), each
+    value head's output is normed, gated by SiLU(z), and projected back."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.index = config.gated_delta_layers.index(layer)  # its layer of the state cache
+        self.key_heads, self.key_dim = config.linear_key_heads, config.linear_key_dim
+        self.value_heads, self.value_dim = config.linear_value_heads, config.linear_value_dim
+        key_size, value_size = self.key_heads * self.key_dim, self.value_heads * self.value_dim
+        self.split = [2 * key_size + value_size, value_size, self.value_heads, self.value_heads]
+        self.qkv_split = [key_size, key_size, value_size]
+        self.in_proj = Linear(config.hidden_size, sum(self.split), False, dtype)
+        self.conv1d = CausalConv(self.split[0], config.linear_conv_kernel, dtype)
+        # each value head's decay rate, -exp(A_log) of the checkpoint's A_log (loader.py), as
+        # llama.cpp's converter stores it and transformers computes it, in float32
+        self.A = _empty(self.value_heads, dtype=torch.float32)
+        self.dt_bias = _empty(self.value_heads, dtype=dtype)
+        self.norm = GatedRMSNorm(self.value_dim, config.rms_norm_eps, dtype)
+        self.out_proj = Linear(value_size, config.hidden_size, False, dtype)
+        # model/cpu/ops.py puts the kernels here on CPU
+        self.conv = gated_delta.causal_conv
+        self.rule = gated_delta.delta_rule
+
+    def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        states, n = cache.states, x.shape[0]
+        mixed, z, b, a = self.in_proj(x).split(self.split, dim=-1)
+        mixed = self.conv(mixed, self.conv1d.weight.view(self.split[0], -1), states.conv[self.index], states.step)
+        q, k, v = mixed.split(self.qkv_split, dim=-1)
+        out = self.rule(q.view(n, self.key_heads, self.key_dim), k.view(n, self.key_heads, self.key_dim),
+                        v.view(n, self.value_heads, self.value_dim), a, b, self.A, self.dt_bias,
+                        states.recurrent[self.index], states.step)
+        return self.out_proj(self.norm(out, z.view(n, self.value_heads, self.value_dim)))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -356,8 +442,20 @@ class MoE(Module):
         self.act = config.hidden_act
         self.act_and_mul = ACT_AND_MUL.get(self.act) or functools.partial(
             swiglu_oai_and_mul, alpha=config.swiglu_alpha, limit=config.swiglu_limit)
+        # Qwen3-Next's: an expert every token takes, its output times sigmoid(shared_expert_gate(x))
+        shared = config.shared_expert_intermediate_size
+        self.shared_expert = Expert(width, shared, False, dtype) if shared else None
+        self.shared_expert_gate = Router(width, 1, False, dtype) if shared else None
+        self.gate_mul = sigmoid_mul  # model/cpu/ops.py puts a one-call kernel here on CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._experts(x)
+        if self.shared_expert is None:
+            return out
+        shared = self.shared_expert.down_proj(self.act_and_mul(self.shared_expert.gate_up_proj(x)))
+        return out + self.gate_mul(shared, self.shared_expert_gate(x))
+
+    def _experts(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
         out = torch.zeros_like(x)
         # the (row, slot) pairs grouped by expert, rows ascending in each group: one sort a step
@@ -402,7 +500,10 @@ class DecoderLayer(Module):
         self.steps = layer_steps(config, layer)
         for name in norms_of(self.steps):
             setattr(self, name, make_norm(config, config.hidden_size, dtype))
-        self.self_attn = Attention(config, layer, dtype)
+        # the layer's mixer: attention over the KV cache, or Gated DeltaNet over the state cache
+        linear = config.layer_mixers[layer] == "gated_delta"
+        self.self_attn = None if linear else Attention(config, layer, dtype)
+        self.linear_attn = GatedDeltaNet(config, layer, dtype) if linear else None
         self.mlp = MoE(config, dtype) if config.layer_moe[layer] else MLP(config, dtype)
 
     def forward(
@@ -418,7 +519,8 @@ class DecoderLayer(Module):
             if op == "read":
                 x = h if step.norm is None else getattr(self, step.norm)(h)
             elif op == "attention":
-                y = self.self_attn(x, rotations, batch, cache)
+                y = (self.self_attn(x, rotations, batch, cache) if self.linear_attn is None
+                     else self.linear_attn(x, cache))
             elif op == "feed_forward":
                 y = self.mlp(x)
             elif op == "norm_output":

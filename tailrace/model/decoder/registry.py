@@ -105,7 +105,11 @@ class Architecture:
     gemma_scaling: bool = False
     multipliers: bool = False  # Granite's embedding, residual, attention and logit multipliers
     attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
-    moe: str = ""  # "": dense; "qwen3_moe", "mixtral" or "gpt_oss": how config.py reads its experts
+    moe: str = ""  # "": dense; "qwen3_moe", "qwen3_next", "mixtral" or "gpt_oss": how config.py reads its experts
+    # Its layer_types' "linear_attention" layers are Gated DeltaNet, and its attention layers gate
+    # their output (Qwen3-Next, Qwen3.5)
+    gated_delta: bool = False
+    zero_centered_norms: bool = False  # its RMSNorms scale by 1 + weight (not Gemma's other scalings)
     # Sliding-window layers where the config names no layer_types: 0, all or none as the config
     # has a sliding_window; n, layer i slides unless i % n == n - 1, n the config's
     # sliding_window_pattern where it names one (Gemma 3's do).
@@ -173,6 +177,12 @@ ARCHITECTURES = (
     Architecture("NomicBertModel", ("nomic_bert",), encoder="nomic", gguf_arch="nomic-bert",
                  gguf_layer_names=_NOMIC_GGUF_LAYER_NAMES),
     Architecture("ModernBertModel", ("modernbert",), encoder="modernbert"),
+    Architecture("Qwen3_5ForCausalLM", ("qwen3_5_text",), image_text_name="Qwen3_5ForConditionalGeneration",
+                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True),
+    Architecture("Qwen3_5MoeForCausalLM", ("qwen3_5_moe_text",), image_text_name="Qwen3_5MoeForConditionalGeneration",
+                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True, moe="qwen3_next"),
+    Architecture("Qwen3NextForCausalLM", ("qwen3_next",), bias_flag_covers_out=True, qk_norm=True, gated_delta=True,
+                 zero_centered_norms=True, moe="qwen3_next"),
     Architecture("Olmo2ForCausalLM", ("olmo2",), bias_flag_covers_out=True, qk_norm=True, qk_norm_over_heads=True,
                  norm_style="post", gguf_arch="olmo2", gguf_layer_names=_OLMO2_GGUF_LAYER_NAMES),
 )

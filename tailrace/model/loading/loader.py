@@ -20,8 +20,8 @@ from tailrace.model.decoder import registry
 from tailrace.heap import release_freed
 from tailrace.logs import timed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
-from tailrace.model.decoder.llama import (LayerNorm, Linear, LlamaForCausalLM, PooledDense, RMSNorm,
-                                          reorder_rotary_dims)
+from tailrace.model.decoder.llama import (GatedDeltaNet, GatedRMSNorm, LayerNorm, Linear, LlamaForCausalLM,
+                                          PooledDense, RMSNorm, reorder_rotary_dims)
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_quant import block_projections, lookup_table, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
@@ -44,6 +44,11 @@ _FUSED_PARTS = {
     "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
+    # Gated DeltaNet's: its convolved q/k/v, output gate, beta's and the decay's inputs
+    "in_proj_qkv": ("in_proj", 0),
+    "in_proj_z": ("in_proj", 1),
+    "in_proj_b": ("in_proj", 2),
+    "in_proj_a": ("in_proj", 3),
 }
 
 
@@ -251,7 +256,9 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | N
     for module in list(model.modules()):  # the order of model.parameters(): the same draws
         for param in module.parameters(recurse=False):
             param.copy_(torch.randn(param.shape, generator=generator, device=device) * _DUMMY_STD)
-        if isinstance(module, (RMSNorm, LayerNorm)):
+        if isinstance(module, GatedDeltaNet):  # decaying heads, whatever the draw
+            module.A.fill_(-1.0)
+        if isinstance(module, (RMSNorm, LayerNorm, GatedRMSNorm)):
             module.weight.fill_(1.0)
         if isinstance(module, LayerNorm) and module.bias is not None:
             module.bias.zero_()
@@ -359,14 +366,14 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     loaded: set[str] = set()
     unexpected: list[str] = []
     encoder = registry.architecture(model.config.architecture).encoder
-    for name, tensor in _each_expert(tensors):
+    for name, tensor in _linear_attention_tensors(_each_expert(tensors), model.config):
         name = _encoder_name(name) if encoder else _canonical(name)
         if _ignored(name, model.config):
             continue
         if name not in expected:
             unexpected.append(name)
             continue
-        if norm_offset and name.endswith("norm.weight"):
+        if norm_offset and name.endswith("norm.weight") and ".linear_attn." not in name:  # not the gated norm
             tensor = tensor[...].float() + norm_offset
         _copy_into(params, name, tensor, model.config)
         loaded.add(name)
@@ -409,6 +416,29 @@ def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]
             continue
         for expert in range(tensor.shape[0]):
             yield f"{layer}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}", tensor[expert]
+
+
+def _linear_attention_tensors(tensors: Iterable[tuple[str, Any]], config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    """Gated DeltaNet's tensors as the model holds them: A_log as the decay rate A = -exp(A_log)
+    (float32); Qwen3-Next's projections, stored per q/k head group (in_proj_qkvz: each group's q,
+    k, then its value heads' v and z; in_proj_ba: its heads' b then a), as Qwen3.5 stores them:
+    in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a."""
+    groups, per = config.linear_key_heads, config.linear_value_heads // max(config.linear_key_heads, 1)
+    key, value = config.linear_key_dim, config.linear_value_dim
+    for name, tensor in tensors:
+        if name.endswith(".linear_attn.in_proj_qkvz.weight"):
+            q, k, v, z = tensor[...].view(groups, -1, tensor.shape[-1]).split([key, key, per * value, per * value], 1)
+            flat = [part.reshape(-1, tensor.shape[-1]) for part in (q, k, v, z)]
+            yield name.replace("in_proj_qkvz", "in_proj_qkv"), torch.cat(flat[:3])
+            yield name.replace("in_proj_qkvz", "in_proj_z"), flat[3]
+        elif name.endswith(".linear_attn.A_log"):
+            yield name.removesuffix("_log"), -tensor[...].float().exp()
+        elif name.endswith(".linear_attn.in_proj_ba.weight"):
+            b, a = tensor[...].view(groups, 2 * per, tensor.shape[-1]).split([per, per], 1)
+            yield name.replace("in_proj_ba", "in_proj_b"), b.reshape(-1, tensor.shape[-1])
+            yield name.replace("in_proj_ba", "in_proj_a"), a.reshape(-1, tensor.shape[-1])
+        else:
+            yield name, tensor
 
 
 _BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
@@ -496,16 +526,28 @@ def _encoder_name(name: str) -> str:
 def _ignored(name: str, config: ModelConfig) -> bool:
     # Old checkpoints store RoPE frequencies (an encoder's its position ids); tied checkpoints
     # sometimes still store lm_head; a multimodal one its image tower and projector, which serve
-    # no text; an encoder's base model its pooler, which its embeddings do not use.
+    # no text; an encoder's base model its pooler, which its embeddings do not use; Qwen3.5's
+    # its multi-token-prediction layers, which only speculative decoding would read.
     return (name.endswith(("rotary_emb.inv_freq", "embeddings.position_ids"))
             or (config.tie_word_embeddings and name == "lm_head.weight")
             or name.removeprefix("model.").split(".")[0] in _IMAGE_PARTS
+            or name.startswith("mtp.")
             or (not config.num_labels and name.startswith("score.")))
 
 
 def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.Tensor, config: ModelConfig) -> None:
     module, _, kind = name.rpartition(".")
     prefix, _, projection = module.rpartition(".")
+    if projection == "q_proj" and config.attention_output_gate:  # each head's q then its gate
+        target = params[f"{prefix}.qkv_proj.{kind}"]
+        q_size = config.num_attention_heads * config.head_dim
+        if tensor.shape != (2 * q_size, *target.shape[1:]):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects "
+                             f"{(2 * q_size, *target.shape[1:])}")
+        q, gate = tensor[...].view(config.num_attention_heads, 2, config.head_dim, -1).unbind(1)
+        target[:q_size].copy_(q.reshape(q_size, *target.shape[1:]))
+        target[-q_size:].copy_(gate.reshape(q_size, *target.shape[1:]))
+        return
     if projection in _FUSED_PARTS and name not in params:  # an ungated MLP's up_proj is its own
         fused, part = _FUSED_PARTS[projection]
         target = params[f"{prefix}.{fused}.{kind}"]
@@ -518,7 +560,7 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
     target.copy_(tensor)
 
 
-_IMAGE_PARTS = {"vision_tower", "multi_modal_projector"}
+_IMAGE_PARTS = {"vision_tower", "multi_modal_projector", "visual"}
 _STACKED_EXPERTS = {"gate_up_proj": "gate_up_proj.weight", "down_proj": "down_proj.weight",
                     "gate_up_proj_bias": "gate_up_proj.bias", "down_proj_bias": "down_proj.bias"}
 
@@ -528,8 +570,14 @@ def _part_rows(fused: str, part: int, config: ModelConfig, target: torch.Tensor)
     if fused == "gate_up_proj":  # halves: an MLP's or an expert's
         half = target.shape[0] // 2
         return part * half, half
+    if fused == "in_proj":  # Gated DeltaNet's: q/k/v, z, b, a
+        value_size, heads = config.linear_value_heads * config.linear_value_dim, config.linear_value_heads
+        sizes = [2 * config.linear_key_heads * config.linear_key_dim + value_size, value_size, heads, heads]
+        return sum(sizes[:part]), sizes[part]
     q_size = config.num_attention_heads * config.head_dim
     kv_size = config.num_key_value_heads * config.head_dim
+    if part == 0 and config.attention_output_gate:  # q_proj holds each head's gate too (_copy_into)
+        return 0, 2 * q_size
     return [(0, q_size), (q_size, kv_size), (q_size + kv_size, kv_size)][part]
 
 

@@ -45,6 +45,7 @@ def check_shardable(config: ModelConfig, size: int) -> None:
     # what each rank cannot compute from its own heads, or what the checkpoint stores fused
     unsplit = {"a mixture of experts": config.num_experts > 0,
                "q/k norms over all heads at once": config.qk_norm_over_heads,
+               "Gated DeltaNet layers": bool(config.gated_delta_layers),
                "q/k/v and gate/up stored fused": registry.architecture(config.architecture).stored_fused}
     for what, present in unsplit.items():
         if present and size > 1:

@@ -168,6 +168,29 @@ void swiglu_oai_mul_rows(const T* x, T* out, int64_t rows, int64_t width, float 
     });
 }
 
+// out = x * sigmoid(gate), the sigmoid rounded to the dtype, then the product: x [rows][width] and
+// gate rows `stride`s apart, a gate of one value per row (`broadcast`) taken for its whole row.
+template <typename T>
+void sigmoid_mul_rows(const T* x, int64_t x_stride, const T* gate, int64_t gate_stride, bool broadcast, T* out,
+                      int64_t rows, int64_t width) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    with_native_bf16<T>([&](auto native) {
+        constexpr bool N = decltype(native)::value;
+        at::parallel_for(0, rows, grain(width), [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r) {
+                const T* g = gate + r * gate_stride;
+                for (int64_t i = 0; i < width; i += kLanes) {
+                    const __mmask16 m = lanes(width - i);
+                    const __m512 a = broadcast ? _mm512_set1_ps(static_cast<float>(g[0])) : load16(g + i, m);
+                    const __m512 sigmoid = rounded<N>(
+                        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), a)))), x);
+                    store16<N>(out + r * width + i, _mm512_mul_ps(load16(x + r * x_stride + i, m), sigmoid), m);
+                }
+            }
+        });
+    });
+}
+
 // decoder.cpp calls them from its own translation unit, at either dtype.
 #define TAILRACE_ELEMENTWISE(T)                                                                              \
     template void rms_norm_rows(const T*, const T*, T*, int64_t, int64_t, int64_t, float);                   \
@@ -175,6 +198,7 @@ void swiglu_oai_mul_rows(const T* x, T* out, int64_t rows, int64_t width, float 
     template void silu_mul_rows(const T*, T*, int64_t, int64_t);                                            \
     template void gelu_tanh_mul_rows(const T*, T*, int64_t, int64_t);                                       \
     template void swiglu_oai_mul_rows(const T*, T*, int64_t, int64_t, float, float);                        \
+    template void sigmoid_mul_rows(const T*, int64_t, const T*, int64_t, bool, T*, int64_t, int64_t);       \
     template void add_rms_norm_rows(T*, const T*, const T*, T*, int64_t, int64_t, float);
 TAILRACE_ELEMENTWISE(c10::BFloat16)
 TAILRACE_ELEMENTWISE(float)
@@ -215,6 +239,22 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
     return out;
 }
 
+// x [T, W] * sigmoid(gate [T, W] or [T, 1]) -> [T, W], rows of either any stride
+torch::Tensor sigmoid_mul(const torch::Tensor& x_any, const torch::Tensor& gate_any) {
+    const torch::Tensor x = x_any.stride(-1) == 1 ? x_any : x_any.contiguous();
+    const torch::Tensor gate = gate_any.stride(-1) == 1 ? gate_any : gate_any.contiguous();
+    TORCH_CHECK(x.dim() == 2 && gate.dim() == 2 && gate.size(0) == x.size(0) &&
+                (gate.size(1) == x.size(1) || gate.size(1) == 1) && gate.scalar_type() == x.scalar_type(),
+                "x must be [T, W] and gate [T, W] or [T, 1], one dtype");
+    torch::Tensor out = torch::empty(x.sizes(), x.options());
+    tailrace::with_element_type(x.scalar_type(), "sigmoid_mul", [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        tailrace::sigmoid_mul_rows(x.data_ptr<T>(), x.stride(0), gate.data_ptr<T>(), gate.stride(0),
+                                   gate.size(1) == 1 && x.size(1) != 1, out.data_ptr<T>(), x.size(0), x.size(1));
+    });
+    return out;
+}
+
 // act(gate) * up over x [..., gate | up] -> [..., I]; rows(x, out, rows, I) runs it at x's dtype
 template <typename Rows>
 torch::Tensor act_mul(const torch::Tensor& x_any, Rows&& run) {
@@ -245,6 +285,8 @@ void register_elementwise(pybind11::module& m) {
             tailrace::gelu_tanh_mul_rows(in, out, rows, width);
         });
     }, "gelu(gate, approximate='tanh') * up over [gate | up] (bfloat16 or float32)");
+    m.def("sigmoid_mul", &sigmoid_mul, "x * sigmoid(gate), gate [T, W] or one per row [T, 1], the reference's rounding "
+          "(bfloat16 or float32)");
     m.def("swiglu_oai_mul", [](const torch::Tensor& x, double alpha, double limit) {
         return act_mul(x, [&](auto* in, auto* out, int64_t rows, int64_t width) {
             tailrace::swiglu_oai_mul_rows(in, out, rows, width, static_cast<float>(alpha), static_cast<float>(limit));

@@ -11,6 +11,7 @@ void register_token_mask(pybind11::module& m);
 void register_greedy(pybind11::module& m);
 void register_experts(pybind11::module& m);
 void register_gguf_blocks(pybind11::module& m);
+void register_gated_delta(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_bf16_linear(m);
@@ -22,4 +23,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     register_greedy(m);
     register_experts(m);
     register_gguf_blocks(m);
+    register_gated_delta(m);
 }

@@ -1,0 +1,72 @@
+"""A hybrid model (Qwen3.5: Gated DeltaNet layers beside attention) through the engine: its
+per-sequence states kept in the state cache beside the paged KV, the answers transformers' and
+the same bits however the engine schedules them (other sequences in the batch, prompts split into
+chunks, sequences preempted and computed again)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tokenizer_fixtures import save_byte_level
+from tokenizers import Tokenizer
+
+from tailrace.llm import LLM
+from tailrace.model.cpu.kernels import kernels
+from tailrace.sampling_params import SamplingParams
+
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9, 40, 41, 42, 43, 44, 45],
+           [40, 41, 42, 43, 44], [300, 2, 301, 3, 302, 4, 303, 5, 304, 6, 305]]
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
+    directory = tmp_path_factory.mktemp("qwen3_5")
+    save_byte_level(directory)
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=128, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, max_position_embeddings=512, initializer_range=0.1, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).float().eval()
+    model.save_pretrained(directory)
+    return directory, model
+
+
+def answers(path: Path, prompts: list[list[int]], **engine: object) -> tuple[list[tuple], LLM]:
+    """Each prompt's tokens and logprobs (the chosen and the top ones), all sent at once."""
+    llm = LLM(str(path), dtype="float32", **engine)
+    outputs = llm.generate(prompts, GREEDY)
+    return [(o.outputs[0].token_ids, [(lp.logprob, lp.top) for lp in o.outputs[0].logprobs]) for o in outputs], llm
+
+
+def test_greedy_tokens_are_transformers(checkpoint):
+    path, model = checkpoint
+    got, llm = answers(path, PROMPTS)
+    assert llm.core.blocks.enable_prefix_caching is False  # no state is kept at block boundaries
+    for prompt, (tokens, _) in zip(PROMPTS, got):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(GREEDY.max_tokens):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert tokens == ids[len(prompt):]
+
+
+@pytest.mark.skipif(kernels() is None, reason="bit-for-bit sameness is the CPU kernels' (PyTorch's ops round by shape)")
+def test_answers_are_the_same_bits_however_scheduled(checkpoint):
+    path, _ = checkpoint
+    alone = [answers(path, [prompt])[0][0] for prompt in PROMPTS]
+    together, _ = answers(path, PROMPTS * 2)
+    assert together == alone * 2
+    chunked, _ = answers(path, PROMPTS, max_num_batched_tokens=7)  # prompts in chunks of up to 7 tokens
+    assert chunked == alone
+    # 12 blocks of 4 tokens hold the longest sequence (9 blocks) and little else: the newest is
+    # preempted and computed again from its first token
+    preempted, llm = answers(path, PROMPTS * 2, num_kv_blocks=12, block_size=4)
+    assert llm.core.scheduler.num_preemptions > 0
+    assert preempted == alone * 2
