@@ -379,6 +379,30 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
         assert _relative_error(getattr(expert, name)(x), getattr(float_expert, name)(x)) < BF16_RTOL, name
 
 
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next"])
+def test_a_hybrids_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_path, llamacpp_tree, name) -> None:
+    """Gated DeltaNet's in_proj stacks attn_qkv, attn_gate and b and a (Qwen3-Next's ssm_ba, per
+    head group, put in order), gated attention's qkv_proj the gates after v; each projection built
+    from the file's blocks agrees with the dequantizing loader's."""
+    from e2e.test_architectures import CONVERT_ARGS, save_checkpoint
+
+    save_checkpoint(tmp_path / name, name)
+    path = tmp_path / f"{name}-q8_0.gguf"
+    subprocess.run(convert_command(llamacpp_tree, tmp_path / name, "q8_0", path) + CONVERT_ARGS[name], check=True,
+                   capture_output=True)
+    model, _ = load_model(str(path), dtype="float32", quantization="int8")
+    floats, _ = load_model(str(path), dtype="float32")
+    served = {"model.layers.0.linear_attn.in_proj", "model.layers.0.linear_attn.out_proj",
+              "model.layers.3.self_attn.qkv_proj", "model.layers.3.self_attn.o_proj"}
+    if name == "qwen3_next":
+        served |= {"model.layers.0.mlp.shared_expert.gate_up_proj", "model.layers.0.mlp.experts.1.down_proj"}
+    modules, float_modules = dict(model.named_modules()), dict(floats.named_modules())
+    for path_name in sorted(served):
+        assert type(modules[path_name]).__name__.startswith("Int"), path_name
+        x = torch.randn(3, float_modules[path_name].weight.shape[1]).to(torch.bfloat16).float()
+        assert _relative_error(modules[path_name](x), float_modules[path_name](x)) < BF16_RTOL, path_name
+
+
 @needs_kernel
 def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, llamacpp_tree) -> None:
     """llama.cpp's converter repacks gpt-oss's MXFP4 experts into ggml's MXFP4 blocks; each

@@ -47,6 +47,7 @@ MAX_TOKENS = 12
 WINDOW = 8
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
              max_position_embeddings=256, initializer_range=0.1)
+_LINEAR = dict(linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4)
 # Architecture -> (config class, model class, what sets it apart).
 ARCHITECTURES = {
     "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM,
@@ -81,8 +82,17 @@ ARCHITECTURES = {
                      rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 128,
                                       "rope_theta": 150000.0})),
+    # hybrids: layers 0-2 Gated DeltaNet (value heads twice the q/k heads, which llama.cpp's
+    # converter tiles for Qwen3.5), layer 3 gated attention with a quarter of each head turning;
+    # Qwen3-Next's Gated DeltaNet projections stored per head group, experts beside a shared one
+    "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, dict(num_hidden_layers=4, **_LINEAR)),
+    "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
+                   dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                        shared_expert_intermediate_size=64, **_LINEAR)),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
+# A checkpoint of these has no multi-token-prediction layers, which llama.cpp's converter expects
+CONVERT_ARGS = {"qwen3_5": ["--no-mtp"], "qwen3_next": ["--no-mtp"]}
 PROMPTS = [
     [5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9],
     [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
@@ -157,8 +167,8 @@ def served(request, tmp_path_factory: pytest.TempPathFactory, llamacpp_tree: Pat
     directory = tmp_path_factory.mktemp(request.param)
     model = save_checkpoint(directory / "model", request.param)
     gguf = directory / f"{request.param}.gguf"
-    subprocess.run(llamacpp.convert_command(llamacpp_tree, directory / "model", "f32", gguf), check=True,
-                   capture_output=True)
+    subprocess.run(llamacpp.convert_command(llamacpp_tree, directory / "model", "f32", gguf)
+                   + CONVERT_ARGS.get(request.param, []), check=True, capture_output=True)
     common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param,
               *SERVE_ARGS.get(request.param, [])]
     servers = [serving([str(path), *common], directory / log)

@@ -8,7 +8,8 @@ gives each token the same arithmetic however the prompt is split or batched. On 
 little: a token's update reads its heads' state (key_dim x value_dim floats each) about four
 times, a few percent of the projections' multiply-adds.
 
-Per sequence and value head h, with its q/k head h // (value_heads / key_heads):
+Per sequence and value head h, with its q/k head (h // (value_heads / key_heads), or h % key_heads
+where the file tiles the value heads):
   q, k = l2norm(q), l2norm(k) (float32, eps 1e-6); q = q / sqrt(key_dim)
   S = S * exp(g)                   decay, g = A * softplus(a + dt_bias) <= 0, A = -exp(A_log)
   delta = (v - S^T k) * beta       the part of v the state does not predict yet, beta = sigmoid(b)
@@ -49,10 +50,12 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-               decay_rate: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor, step: StateStep) -> torch.Tensor:
+               decay_rate: torch.Tensor, dt_bias: torch.Tensor, tiled: bool, states: torch.Tensor,
+               step: StateStep) -> torch.Tensor:
     """The gated delta rule over each sequence's rows: q, k [T, key_heads, key_dim], v [T,
     value_heads, value_dim], the gates' inputs a, b [T, value_heads] with the decay rate A
-    (-exp(A_log), float32) and dt_bias [value_heads]; `states` [slots, value_heads, key_dim,
+    (-exp(A_log), float32) and dt_bias [value_heads]; value head h reads q/k head h % key_heads
+    where `tiled`, else h // (value_heads / key_heads); `states` [slots, value_heads, key_dim,
     value_dim] float32, advanced in place. Returns [T, value_heads, value_dim] float32."""
     g = decay_rate * F.softplus(a.float() + dt_bias)
     beta = torch.sigmoid(b)
@@ -62,8 +65,8 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     for first, end, slot in step.bounds:
         s = states[slot]
         for t in range(first, end):
-            q_t = (_l2norm(q[t].float()) * scale).repeat_interleave(groups, 0)
-            k_t = _l2norm(k[t].float()).repeat_interleave(groups, 0)
+            q_t, k_t = _l2norm(q[t].float()) * scale, _l2norm(k[t].float())
+            q_t, k_t = (x.repeat(groups, 1) if tiled else x.repeat_interleave(groups, 0) for x in (q_t, k_t))
             s = s * g[t].exp()[:, None, None]
             remembered = (s * k_t[:, :, None]).sum(1)
             delta = (v[t].float() - remembered) * beta[t].float()[:, None]

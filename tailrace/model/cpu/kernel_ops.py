@@ -292,8 +292,8 @@ def _make_delta_rule(dtype: str, g: torch.Generator, rows: int, key_heads: int, 
             "step": _sequences(g, rows, slots)}
 
 
-def _rule_args(i: Inputs) -> list[torch.Tensor]:
-    return [i[name] for name in ("q", "k", "v", "a", "b", "decay_rate", "dt_bias")]
+def _rule_args(i: Inputs, tiled: bool) -> list[Any]:
+    return [*(i[name] for name in ("q", "k", "v", "a", "b", "decay_rate", "dt_bias")), tiled]
 
 
 def _make_gated_norm(dtype: str, g: torch.Generator, rows: int, heads: int, width: int) -> Inputs:
@@ -391,11 +391,12 @@ OPS: tuple[KernelOp, ...] = (
              lambda i: _with_states(lambda s: gated_delta.causal_conv(i["x"], i["weight"], s, i["step"]), i),
              {"bfloat16": Tolerance(1e-2, 1e-2), "float32": Tolerance(1e-5, 1e-5)},
              dict(rows=13, channels=100, kernel=4), dict(channels=QWEN35["conv_channels"], kernel=4)),
-    # float32 throughout, the sums in another order than torch's reductions
+    # float32 throughout, the sums in another order than torch's reductions; value heads grouped and tiled
     KernelOp("delta_rule", BF16_F32, _make_delta_rule,
-             lambda m, i: _with_states(lambda s: m.delta_rule(*_rule_args(i), s, i["step"].starts,
-                                                              i["step"].slots), i),
-             lambda i: _with_states(lambda s: gated_delta.delta_rule(*_rule_args(i), s, i["step"]), i),
+             lambda m, i: [_with_states(lambda s: m.delta_rule(*_rule_args(i, tiled), s, i["step"].starts,
+                                                               i["step"].slots), i) for tiled in (False, True)],
+             lambda i: [_with_states(lambda s: gated_delta.delta_rule(*_rule_args(i, tiled), s, i["step"]), i)
+                        for tiled in (False, True)],
              {"bfloat16": Tolerance(1e-4, 1e-4), "float32": Tolerance(1e-4, 1e-4)},
              dict(rows=13, key_heads=2, value_heads=4, key=16, value=24),
              dict(key_heads=QWEN35["key_heads"], value_heads=QWEN35["value_heads"], key=128, value=128)),

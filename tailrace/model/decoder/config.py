@@ -105,6 +105,10 @@ class ModelConfig:
     linear_value_heads: int = 0
     linear_value_dim: int = 0
     linear_conv_kernel: int = 0
+    # Which q/k head a value head reads: grouped (Hugging Face's order: value head h reads q/k head
+    # h // (value_heads / key_heads)) or tiled (llama.cpp's converter reorders Qwen3.5's value
+    # heads so: h reads h % key_heads), whichever order the file holds its value heads in
+    value_heads_tiled: bool = False
     # q_proj also gives each head a gate: the attention's output times sigmoid(gate) goes to
     # o_proj (Qwen3-Next's and Qwen3.5's attention layers)
     attention_output_gate: bool = False
@@ -241,7 +245,8 @@ def _linear_attention(raw: dict[str, Any], entry: registry.Architecture) -> dict
         raise ValueError(f"linear_num_value_heads {value_heads} must be a multiple of linear_num_key_heads {key_heads}")
     return {"linear_key_heads": key_heads, "linear_key_dim": raw.get("linear_key_head_dim", 128),
             "linear_value_heads": value_heads, "linear_value_dim": raw.get("linear_value_head_dim", 128),
-            "linear_conv_kernel": raw.get("linear_conv_kernel_dim", 4), "attention_output_gate": True}
+            "linear_conv_kernel": raw.get("linear_conv_kernel_dim", 4), "attention_output_gate": True,
+            "value_heads_tiled": raw.get("value_heads_tiled", False)}  # loading/gguf.py's key
 
 
 def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architecture) -> dict[str, Any]:

@@ -173,6 +173,7 @@ OUTSIDE_PLAN = {
     "linear_value_heads": "a hybrid's: not in the one-call forward",
     "linear_value_dim": "a hybrid's: not in the one-call forward",
     "linear_conv_kernel": "a hybrid's: not in the one-call forward",
+    "value_heads_tiled": "a hybrid's: not in the one-call forward",
     "attention_output_gate": "a hybrid's gated attention: not in the one-call forward",
     "shared_expert_intermediate_size": "a hybrid's shared expert: not in the one-call forward",
 }

@@ -331,6 +331,7 @@ class GatedDeltaNet(Module):
         self.index = config.gated_delta_layers.index(layer)  # its layer of the state cache
         self.key_heads, self.key_dim = config.linear_key_heads, config.linear_key_dim
         self.value_heads, self.value_dim = config.linear_value_heads, config.linear_value_dim
+        self.tiled = config.value_heads_tiled
         key_size, value_size = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         self.split = [2 * key_size + value_size, value_size, self.value_heads, self.value_heads]
         self.qkv_split = [key_size, key_size, value_size]
@@ -352,7 +353,7 @@ class GatedDeltaNet(Module):
         mixed = self.conv(mixed, self.conv1d.weight.view(self.split[0], -1), states.conv[self.index], states.step)
         q, k, v = mixed.split(self.qkv_split, dim=-1)
         out = self.rule(q.view(n, self.key_heads, self.key_dim), k.view(n, self.key_heads, self.key_dim),
-                        v.view(n, self.value_heads, self.value_dim), a, b, self.A, self.dt_bias,
+                        v.view(n, self.value_heads, self.value_dim), a, b, self.A, self.dt_bias, self.tiled,
                         states.recurrent[self.index], states.step)
         return self.out_proj(self.norm(out, z.view(n, self.value_heads, self.value_dim)))
 

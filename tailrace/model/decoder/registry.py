@@ -62,6 +62,20 @@ _NOMIC_GGUF_LAYER_NAMES = {
     "layer_output_norm": "post_feedforward_layernorm",
 }
 
+# Qwen3-Next's and Qwen3.5's: the MLP's input norm as post_attention_norm, Gated DeltaNet's
+# tensors (ssm_a holds -exp(A_log), ssm_dt.bias dt_bias; Qwen3-Next's ssm_ba its in_proj_ba as
+# stored), and the shared expert's. A name with its kind (ssm_dt.bias) or without one (ssm_a)
+# is the whole tensor's.
+_QWEN3_NEXT_GGUF_LAYER_NAMES = {
+    **LLAMA_GGUF_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a", "ssm_ba": "linear_attn.in_proj_ba", "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias", "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
+
 # Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
 # text_config names only what differs from Gemma3TextConfig's defaults, which these are.
 _GEMMA3_TEXT_DEFAULTS = {
@@ -137,6 +151,8 @@ class Architecture:
     gguf_attention_softcap: bool = False  # attn_logit_softcapping in the metadata (Gemma 2)
     gguf_local_rope: bool = False  # rope.freq_base_swa: the sliding layers' rope base (Gemma 3)
     gguf_yarn_truncate: bool = True  # False: its released config's YaRN does not truncate (gpt-oss)
+    # llama.cpp's converter tiles the value heads (h reads q/k head h % key_heads; Qwen3.5's)
+    gguf_tiled_value_heads: bool = False
 
 
 ARCHITECTURES = (
@@ -178,11 +194,14 @@ ARCHITECTURES = (
                  gguf_layer_names=_NOMIC_GGUF_LAYER_NAMES),
     Architecture("ModernBertModel", ("modernbert",), encoder="modernbert"),
     Architecture("Qwen3_5ForCausalLM", ("qwen3_5_text",), image_text_name="Qwen3_5ForConditionalGeneration",
-                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True),
+                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True, gguf_arch="qwen35",
+                 gguf_layer_names=_QWEN3_NEXT_GGUF_LAYER_NAMES, gguf_tiled_value_heads=True),
     Architecture("Qwen3_5MoeForCausalLM", ("qwen3_5_moe_text",), image_text_name="Qwen3_5MoeForConditionalGeneration",
-                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True, moe="qwen3_next"),
+                 bias_flag_covers_out=True, qk_norm=True, gated_delta=True, zero_centered_norms=True, moe="qwen3_next",
+                 gguf_arch="qwen35moe", gguf_layer_names=_QWEN3_NEXT_GGUF_LAYER_NAMES, gguf_tiled_value_heads=True),
     Architecture("Qwen3NextForCausalLM", ("qwen3_next",), bias_flag_covers_out=True, qk_norm=True, gated_delta=True,
-                 zero_centered_norms=True, moe="qwen3_next"),
+                 zero_centered_norms=True, moe="qwen3_next", gguf_arch="qwen3next",
+                 gguf_layer_names=_QWEN3_NEXT_GGUF_LAYER_NAMES),
     Architecture("Olmo2ForCausalLM", ("olmo2",), bias_flag_covers_out=True, qk_norm=True, qk_norm_over_heads=True,
                  norm_style="post", gguf_arch="olmo2", gguf_layer_names=_OLMO2_GGUF_LAYER_NAMES),
 )

@@ -46,10 +46,11 @@ _ROPE_FREQS = "rope_freqs.weight"
 
 def stores_projections_quantized(reader: GgufFile) -> bool:
     """Whether every projection matrix is stored in a quantized type (Q4_K_M's, Q8_0's,
-    MXFP4_MOE's), not as floats. The embedding table and the experts' routers (which llama.cpp
-    keeps in float32, and tailrace never quantizes) do not count."""
+    MXFP4_MOE's), not as floats. The embedding table, the experts' routers and the shared
+    expert's gate (which llama.cpp keeps in float32, and tailrace never quantizes) and Gated
+    DeltaNet's convolution (a few weights a channel, no projection) do not count."""
     projections = [t for t in reader.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"
-                   and not t.name.endswith("ffn_gate_inp.weight")]
+                   and not t.name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight"))]
     return bool(projections) and all(t.tensor_type not in FLOAT_TYPES for t in projections)
 
 
@@ -139,7 +140,27 @@ def _architecture_config(entry: registry.Architecture, value: Any, tensors: dict
                    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
     if entry.gguf_attention_bias:
         config["attention_bias"] = True
+    if entry.gated_delta:
+        config |= _gated_delta_config(entry, value)
     return config
+
+
+def _gated_delta_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
+    """A hybrid's Gated DeltaNet shape and layers as llama.cpp's converter writes them (its ssm.*
+    keys), the rotating part of each attention head, and whether the value heads are tiled."""
+    layers, key_heads, value_heads = value("block_count"), value("ssm.group_count"), value("ssm.time_step_rank")
+    recurrent = value("attention.recurrent_layers", None)
+    every = value("full_attention_interval", 4)
+    if recurrent is None:
+        recurrent = [(i + 1) % every != 0 for i in range(layers)]
+    head_dim = value("attention.key_length")
+    return {"linear_num_key_heads": key_heads, "linear_num_value_heads": value_heads,
+            "linear_key_head_dim": value("ssm.state_size"), "linear_value_head_dim": value("ssm.inner_size") // value_heads,
+            "linear_conv_kernel_dim": value("ssm.conv_kernel"),
+            "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent[:layers]],
+            "partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim,
+            "value_heads_tiled": entry.gguf_tiled_value_heads and key_heads != value_heads,
+            "shared_expert_intermediate_size": value("expert_shared_feed_forward_length", 0)}
 
 
 def _encoder_config(entry: registry.Architecture, value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
@@ -277,6 +298,8 @@ def checkpoint_tensors(reader: GgufFile, skip: set[str] = frozenset()) -> Iterat
             continue
         if name.endswith("sinks.weight"):
             name = name.removesuffix(".weight")
+        if name.endswith("linear_attn.conv1d.weight"):  # stored [channels, kernel]
+            values = values.unsqueeze(1)
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             values = unpermute_rotary(values, heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -292,15 +315,17 @@ def dense_weights(reader: GgufFile) -> list[torch.Tensor]:
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; a tensor the
+    architecture's names list whole (`blk.3.ssm_a`) -> its name there."""
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
     names = registry.GGUF_ARCHITECTURES[arch].gguf_layer_names
-    block, layer, part = (base.split(".", 2) + ["", ""])[:3]
-    if block != "blk" or not layer.isdigit() or part not in names:
+    block, layer, rest = (gguf_name.split(".", 2) + ["", ""])[:3]
+    part = rest.rpartition(".")[0]
+    if block != "blk" or not layer.isdigit() or (rest not in names and part not in names):
         raise ValueError(f"unexpected GGUF tensor {gguf_name}")
-    return f"model.layers.{layer}.{names[part]}.{kind}"
+    return f"model.layers.{layer}.{names[rest]}" if rest in names else f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rotary(values: torch.Tensor, heads: int) -> torch.Tensor:

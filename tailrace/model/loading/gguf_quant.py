@@ -45,7 +45,8 @@ from tailrace.model.cpu.kernels import kernels
 from tailrace.model.decoder import registry
 
 from tailrace.heap import release_freed
-from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order
+from tailrace.model.decoder.config import ModelConfig
+from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order, qkv_rows
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_file import GgufFile
 from tailrace.model.loading.mxfp4 import e2m1_scales
@@ -60,16 +61,22 @@ PACKED_IN_ONE_PASS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.
 # The types PyTorch's kernels take too, where tailrace's cannot run.
 _PORTABLE_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0)
 _K_SCALE_BYTES = 12  # Q4_K's and Q5_K's 6-bit scales and mins of their 8 sub-blocks
-# A layer's projection -> the GGUF tensors whose rows it stacks, in order.
+# A layer's projection -> the GGUF tensors whose rows it stacks, in order (a hybrid's Gated DeltaNet
+# in_proj: Qwen3.5's b and a apart, or Qwen3-Next's ssm_ba holding both).
 _PROJECTION_PARTS = {
     ("self_attn", "qkv_proj"): ("attn_q", "attn_k", "attn_v"),
     ("self_attn", "o_proj"): ("attn_output",),
+    ("linear_attn", "in_proj"): ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+    ("linear_attn", "out_proj"): ("ssm_out",),
     ("mlp", "gate_up_proj"): ("ffn_gate", "ffn_up"),
     ("mlp", "down_proj"): ("ffn_down",),
+    ("mlp.shared_expert", "gate_up_proj"): ("ffn_gate_shexp", "ffn_up_shexp"),
+    ("mlp.shared_expert", "down_proj"): ("ffn_down_shexp",),
 }
-# A projection -> the one GGUF tensor that holds it whole where a file has not its parts: Phi-3's
-# attn_qkv, and its ffn_up holding gate and up.
-_FUSED_TENSORS = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
+# A projection -> the GGUF tensors that hold it where a file has not its parts: Phi-3's attn_qkv,
+# and its ffn_up holding gate and up; Qwen3-Next's in_proj with b and a in one tensor.
+_FUSED_TENSORS = {"qkv_proj": ("attn_qkv",), "gate_up_proj": ("ffn_up",),
+                  "in_proj": ("attn_qkv", "attn_gate", "ssm_ba")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,24 +98,56 @@ def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockPr
     weights would be (Qwen3-30B-A3B's Q4_0, 17 GB against 61 GB in bfloat16) loads in its own size."""
     tensors = {t.name: t for t in reader.tensors}
     config = model.config
-    qkv_order = None if config.rotary_dim == config.head_dim else qkv_row_order(config).numpy()
+    orders = {"qkv_proj": _qkv_order(config), "in_proj": None}
     found = []
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
-            parent = getattr(layer, block)
+            parent = layer
+            for attribute in block.split("."):
+                parent = getattr(parent, attribute, None)
+            if parent is None:  # a hybrid's layer has one mixer; an MLP no shared expert
+                continue
             if isinstance(parent, MoE):
                 if name == "gate_up_proj":
                     found += _expert_projections(parent, i, tensors)
                 continue
+            order = orders.get(name)
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
-                parts = (_FUSED_TENSORS[name],)  # Phi-3's
+                parts = _FUSED_TENSORS[name]  # Phi-3's, Qwen3-Next's
+                order = _grouped_ba_order(config) if name == "in_proj" else order
+            if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
+                continue
             found.append(BlockProjection(parent, name, f"model.layers.{i}.{block}.{name}",
-                                         tuple(tensors[f"blk.{i}.{part}.weight"] for part in parts),
-                                         qkv_order if name == "qkv_proj" else None))
+                                         tuple(tensors[f"blk.{i}.{part}.weight"] for part in parts), order))
     head = tensors.get("output.weight", tensors["token_embd.weight"])
     found.append(BlockProjection(model, "lm_head", "lm_head", (head,)))
     return [p for p in found if _mapped(p.parts) and takes_grouped(
         sum(int(part.shape[1]) for part in p.parts), int(p.parts[0].shape[0]))]
+
+
+def _qkv_order(config: ModelConfig) -> np.ndarray | None:
+    """The fused q/k/v projection's rows as stacked from attn_q, attn_k and attn_v: where q_proj
+    holds each head's output gate after its q (Qwen3-Next's), the gates go after v; where part of
+    each head rotates, q's and k's dims go in rotary order (llama.rotary_order). None: as stacked."""
+    rows = np.arange(qkv_rows(config))
+    if config.attention_output_gate:
+        heads, dim = config.num_attention_heads, config.head_dim
+        per_head = np.arange(heads)[:, None] * 2 * dim + np.arange(dim)  # each head's q rows in attn_q
+        kv = np.arange(2 * heads * dim, rows.size)
+        rows = np.concatenate((per_head.ravel(), kv, (per_head + dim).ravel()))
+    if config.rotary_dim != config.head_dim:
+        rows = rows[qkv_row_order(config).numpy()]
+    return None if np.array_equal(rows, np.arange(rows.size)) else rows
+
+
+def _grouped_ba_order(config: ModelConfig) -> np.ndarray:
+    """Gated DeltaNet's in_proj rows as stacked from attn_qkv, attn_gate and Qwen3-Next's ssm_ba
+    (per q/k head group: its value heads' b, then their a): all b, then all a."""
+    value_size = config.linear_value_heads * config.linear_value_dim
+    first = 2 * config.linear_key_heads * config.linear_key_dim + 2 * value_size
+    groups, per = config.linear_key_heads, config.linear_value_heads // config.linear_key_heads
+    group_rows = first + np.arange(groups)[:, None] * 2 * per + np.arange(per)
+    return np.concatenate((np.arange(first), group_rows.ravel(), (group_rows + per).ravel()))
 
 
 def _expert_projections(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) -> list[BlockProjection]:

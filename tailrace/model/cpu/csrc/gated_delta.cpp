@@ -201,11 +201,13 @@ torch::Tensor causal_conv(const torch::Tensor& x_any, const torch::Tensor& weigh
 }
 
 // q, k [T, key_heads, key] and v [T, value_heads, value] (views with contiguous heads), a and b
-// [T, value_heads] (rows any stride), the decay rates A [value_heads] float32, dt_bias [value_heads], states
-// [slots, value_heads, key, value] float32 -> out [T, value_heads, value] float32.
+// [T, value_heads] (rows any stride), the decay rates A [value_heads] float32, dt_bias
+// [value_heads]; value head h reads q/k head h % key_heads where `tiled`, else h / (value_heads /
+// key_heads); states [slots, value_heads, key, value] float32 -> out [T, value_heads, value] float32.
 torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& a,
                          const torch::Tensor& b, const torch::Tensor& rate_any, const torch::Tensor& dt_bias_any,
-                         const torch::Tensor& states, const torch::Tensor& starts, const torch::Tensor& slots) {
+                         bool tiled, const torch::Tensor& states, const torch::Tensor& starts,
+                         const torch::Tensor& slots) {
     check_step(starts, slots);
     const int64_t rows = q.size(0), key_heads = q.size(1), key = q.size(2), value_heads = v.size(1), value = v.size(2);
     TORCH_CHECK(q.sizes() == k.sizes() && q.strides() == k.strides() && q.stride(2) == 1 && q.stride(1) == key &&
@@ -230,7 +232,8 @@ torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const t
         using T = std::remove_pointer_t<decltype(tag)>;
         tailrace::parallel_chunks(seqs * value_heads, 1, [&](int64_t unit, int64_t) {
             const int64_t b_ = unit / value_heads, h = unit % value_heads, first = start[b_];
-            const int64_t qk_offset = first * q.stride(0) + h / groups * key, ab_offset = first * a.stride(0) + h;
+            const int64_t qk_head = tiled ? h % key_heads : h / groups;
+            const int64_t qk_offset = first * q.stride(0) + qk_head * key, ab_offset = first * a.stride(0) + h;
             delta_head<T>(q.data_ptr<T>() + qk_offset, k.data_ptr<T>() + qk_offset,
                           v.data_ptr<T>() + first * v.stride(0) + h * value, q.stride(0), v.stride(0),
                           a.data_ptr<T>() + ab_offset, b.data_ptr<T>() + ab_offset, a.stride(0),
