@@ -120,3 +120,23 @@ def test_disabled_prefix_caching_never_matches():
     again = make_seq(list(range(9)), seq_id=1)
     bm.match_prefix(again)
     assert again.num_cached_tokens == 0
+
+
+def test_with_states_a_cached_prefix_ends_at_the_last_block_whose_state_is_kept():
+    kept: set[int] = set()
+    bm = BlockManager(num_blocks=16, block_size=4, state_kept=kept.__contains__)
+    first = make_seq(list(range(14)))
+    # a chunk of 10 tokens from position 0 reaches boundaries 4 and 8: the state at 8 is the one kept
+    boundary, block_hash = bm.state_boundary(first, 10)
+    assert boundary == 8
+    computed(bm, first)
+    assert block_hash == first.block_hashes[1]
+    assert bm.state_boundary(first, 1) is None  # 14 -> 15 reaches no boundary
+    kept.add(block_hash)
+    second = make_seq(list(range(14)) + [99], seq_id=1)
+    bm.match_prefix(second)  # blocks 0-2 are cached, but only block 1's end state is kept
+    assert second.num_computed_tokens == 8 and second.state_key == block_hash
+    third = make_seq(list(range(14)), seq_id=2)
+    kept.clear()
+    bm.match_prefix(third)
+    assert third.num_computed_tokens == 0 and third.state_key is None

@@ -1,7 +1,8 @@
 """A hybrid model (Qwen3.5: Gated DeltaNet layers beside attention) through the engine: its
 per-sequence states kept in the state cache beside the paged KV, the answers transformers' and
 the same bits however the engine schedules them (other sequences in the batch, prompts split into
-chunks, sequences preempted and computed again)."""
+chunks, sequences preempted and computed again, prompts that start from a cached prefix and its
+kept state)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transfor
     config = transformers.Qwen3_5TextConfig(
         vocab_size=vocab, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=32, intermediate_size=128, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, max_position_embeddings=512, initializer_range=0.1, pad_token_id=0, bos_token_id=1,
+        linear_num_value_heads=4, max_position_embeddings=2048, initializer_range=0.1, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForCausalLM(config).float().eval()
@@ -47,8 +48,7 @@ def answers(path: Path, prompts: list[list[int]], **engine: object) -> tuple[lis
 
 def test_greedy_tokens_are_transformers(checkpoint):
     path, model = checkpoint
-    got, llm = answers(path, PROMPTS)
-    assert llm.core.blocks.enable_prefix_caching is False  # no state is kept at block boundaries
+    got, _ = answers(path, PROMPTS)
     for prompt, (tokens, _) in zip(PROMPTS, got):
         ids = list(prompt)
         with torch.no_grad():
@@ -70,3 +70,24 @@ def test_answers_are_the_same_bits_however_scheduled(checkpoint):
     preempted, llm = answers(path, PROMPTS * 2, num_kv_blocks=12, block_size=4)
     assert llm.core.scheduler.num_preemptions > 0
     assert preempted == alone * 2
+
+
+@pytest.mark.skipif(kernels() is None, reason="bit-for-bit sameness is the CPU kernels' (PyTorch's ops round by shape)")
+def test_a_cached_prefix_and_its_kept_state_give_the_same_bits(checkpoint):
+    """A 1,000-token shared prefix: the second prompt starts from the first's cached blocks and
+    the state kept at the last block boundary inside its prefill; a follow-up turn (the first
+    prompt, its answer and more) from the state kept at a boundary its decoding passed."""
+    path, _ = checkpoint
+    shared = [(i * 37 + 11) % 400 for i in range(1000)]
+    first, second = shared + [5, 6, 7, 8, 9], shared + [70, 71, 72]
+    llm = LLM(str(path), dtype="float32", max_num_seqs=4)
+    reference = LLM(str(path), dtype="float32", max_num_seqs=4, enable_prefix_caching=False)
+    for prompt in (first, second):
+        assert llm.generate([prompt], GREEDY)[0].outputs[0] == reference.generate([prompt], GREEDY)[0].outputs[0]
+    assert llm.core.blocks.prefix_cache_hits == 992  # 62 blocks of 16, the last whose state is kept
+    answer = llm.generate([first], GREEDY)[0].outputs[0].token_ids
+    follow_up = first + answer + [100, 101]
+    hits = llm.core.blocks.prefix_cache_hits
+    got, want = (engine.generate([follow_up], GREEDY)[0].outputs[0] for engine in (llm, reference))
+    assert got == want
+    assert llm.core.blocks.prefix_cache_hits - hits == (len(first) + len(answer)) // 16 * 16

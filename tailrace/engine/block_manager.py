@@ -1,12 +1,17 @@
 """KV memory accounted in fixed-size blocks, with prefix caching by chained block hashes.
 
 A freed block keeps its hash and contents until it is handed out again, so a later request
-with the same prefix finds it (least recently freed blocks are reused first).
+with the same prefix finds it (least recently freed blocks are reused first). For a model whose
+layers also keep a state per sequence (a hybrid's Gated DeltaNet), a cached prefix is only as
+long as the last of its blocks whose end state the state cache keeps (`state_kept`), and each
+step asks it to keep the state at the last block boundary a sequence's chunk reaches
+(`state_boundary`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tailrace.engine.sequence import Sequence
@@ -25,10 +30,12 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 state_kept: Callable[[int], bool] | None = None) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.state_kept = state_kept  # a hybrid's: whether the state at a block's end (by its hash) is kept
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
@@ -52,19 +59,41 @@ class BlockManager:
         # Keep at least one token to compute: the step that finishes the prompt must produce logits.
         full = (seq.num_tokens - 1) // bs
         parent: int | None = None
+        found: list[tuple[int, int]] = []  # (block id, hash) of each block of the longest cached prefix
         for i in range(full):
             tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
             h = chain_hash(parent, tokens)
             block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
+            found.append((block_id, h))
+            parent = h
+        if self.state_kept is not None:  # back to the last block whose end state is kept
+            while found and not self.state_kept(found[-1][1]):
+                found.pop()
+            seq.state_key = found[-1][1] if found else None
+        for block_id, h in found:
             self._take(block_id)
             seq.block_table.append(block_id)
             seq.table_version += 1
             seq.block_hashes.append(h)
-            parent = h
         seq.num_computed_tokens = len(seq.block_table) * bs
         seq.num_cached_tokens = seq.num_computed_tokens
+
+    def state_boundary(self, seq: Sequence, num_new_tokens: int) -> tuple[int, int] | None:
+        """For a hybrid with prefix caching: the last block boundary that `seq`'s next
+        `num_new_tokens` reach (a position past its computed ones), with the chained hash of the
+        block ending there, whose state the step keeps; None where there is none."""
+        if not self.enable_prefix_caching or self.state_kept is None:
+            return None
+        bs = self.block_size
+        end = (seq.num_computed_tokens + num_new_tokens) // bs
+        if end * bs <= seq.num_computed_tokens:
+            return None
+        h = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), end):
+            h = chain_hash(h, tuple(seq.token_slice(i * bs, (i + 1) * bs)))
+        return end * bs, h
 
     def record_lookup(self, seq: Sequence) -> None:
         self.prefix_cache_queries += seq.num_prompt_tokens
@@ -113,6 +142,7 @@ class BlockManager:
         seq.table_version += 1
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
+        seq.state_key = None
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

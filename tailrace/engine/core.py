@@ -69,20 +69,14 @@ class EngineCore:
             log.info("each prompt runs whole in one step, keeping no K/V: a step holds up to %d tokens, the context",
                      self.runner.step_tokens)
         self.eos_token_ids = self.runner.model_config.eos_token_ids  # config.json + generation_config.json
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, self._prefix_caching(config))
+        states = self.runner.cache.states  # a hybrid's: its prefixes end where their states are kept
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                   None if states is None else states.kept)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, self.runner.step_tokens, whole_prompts=whole)
         self.grammars = GrammarCompiler(config.model_path, self.runner.model_config.vocab_size, self.eos_token_ids)
         self.speculator = self._speculator(config)
         self.requests: dict[str, list[Sequence]] = {}
         self._next_seq_id = 0
-
-    def _prefix_caching(self, config: EngineConfig) -> bool:
-        """Whether a prompt may start from cached K/V blocks: not for a model with linear-attention
-        layers, whose state at a block's end the cache does not keep (attention/state_cache.py)."""
-        if config.enable_prefix_caching and self.runner.model_config.gated_delta_layers:
-            log.info("prefix caching is off: the Gated DeltaNet layers' state is not cached at block boundaries")
-            return False
-        return config.enable_prefix_caching
 
     def _speculator(self, config: EngineConfig) -> Speculator | None:
         spec = config.speculative_config
@@ -136,7 +130,7 @@ class EngineCore:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         needed = -(-(prompt_len + max_tokens) // self.config.block_size)
         # n siblings share the prompt's full blocks (prefix caching) and each needs its own rest.
-        shared = prompt_len // self.config.block_size if self.blocks.enable_prefix_caching else 0
+        shared = prompt_len // self.config.block_size if self.config.enable_prefix_caching else 0
         total = shared + params.n * (needed - shared)
         if total > self.runner.num_blocks:
             raise ValueError(f"the request needs {total} KV blocks for its {params.n} choice(s) but the cache has "

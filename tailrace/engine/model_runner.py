@@ -197,17 +197,19 @@ class ModelRunner:
         return None
 
     def _allocate_states(self, config: EngineConfig) -> StateCache | None:
-        """A hybrid's state cache: a slot for each sequence that may run at once (--max-num-seqs),
-        beside the KV cache's blocks; None for a model without linear-attention layers."""
+        """A hybrid's state cache: a slot for each sequence that may run at once (--max-num-seqs)
+        and as many snapshots for the prefix cache, beside the KV cache's blocks (only the rows
+        written take memory); None for a model without linear-attention layers."""
         mc = self.model_config
         if not mc.gated_delta_layers:
             return None
         shape = StateShape(2 * mc.linear_key_heads * mc.linear_key_dim + mc.linear_value_heads * mc.linear_value_dim,
                            mc.linear_conv_kernel, mc.linear_value_heads, mc.linear_key_dim, mc.linear_value_dim)
         states = StateCache(len(mc.gated_delta_layers), shape, config.max_num_seqs, self.model.dtype, self.device)
-        log.info("state cache: %d Gated DeltaNet layers, %d sequences, %.1f MiB (%.2f MiB a sequence)",
-                 len(mc.gated_delta_layers), config.max_num_seqs, states.nbytes / 2**20,
-                 states.nbytes / config.max_num_seqs / 2**20)
+        per_row = states.nbytes / (2 * config.max_num_seqs) / 2**20
+        log.info("state cache: %d Gated DeltaNet layers, %.2f MiB a sequence, for %d running sequences and as many "
+                 "prefix-cache snapshots (at most %.1f MiB)", len(mc.gated_delta_layers), per_row,
+                 config.max_num_seqs, states.nbytes / 2**20)
         return states
 
     def _gpu_kv_cache_bytes(self, config: EngineConfig, free_before_load: int, dtype_bytes: int) -> int:

@@ -21,6 +21,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # the draft's tokens included
     draft: list[int] = field(default_factory=list)  # guessed tokens after the known ones, to verify
+    capture: tuple[int, int] | None = None  # a hybrid's: the block boundary whose state to keep (BlockManager)
 
     @property
     def samples(self) -> bool:
@@ -76,7 +77,7 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 break
-            scheduled.append(ScheduledSeq(seq, n, draft))
+            scheduled.append(ScheduledSeq(seq, n, draft, self.blocks.state_boundary(seq, n)))
             budget -= n
             i += 1
         if not preempted:
@@ -118,7 +119,7 @@ class Scheduler:
                 self.blocks.record_lookup(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n))
+            scheduled.append(ScheduledSeq(seq, n, capture=self.blocks.state_boundary(seq, n)))
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return budget

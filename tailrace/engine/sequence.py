@@ -34,6 +34,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     table_version: int = 0  # bumped by the block manager at every change of block_table
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks
+    # A hybrid's: the chained hash of the last cached block it starts after, whose kept state it continues
+    state_key: int | None = None
     # Siblings wait until the first one has computed the shared prompt, then reuse its blocks.
     waits_for: "Sequence | None" = None
     prompt_logprobs: list[TokenLogprob] | None = None  # filled chunk by chunk, then sent once

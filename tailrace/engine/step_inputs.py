@@ -56,7 +56,7 @@ class StepInputBuilder:
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             end = start + n
             table = seq.block_table
-            slices.append(SeqSlice(seq.seq_id, len(ids), n, end, table, seq.table_version))
+            slices.append(SeqSlice(seq.seq_id, len(ids), n, end, table, seq.table_version, seq.state_key, item.capture))
             if n == 1:  # a decode row, most rows of most steps: no slices or ranges to build
                 ids.append(seq.token_at(start))
                 positions.append(start)

@@ -28,15 +28,18 @@ from tailrace.model.attention.state_cache import StateStep
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, step: StateStep) -> torch.Tensor:
     """Each sequence's rows of x [T, C] (the model's dtype) through its causal depthwise
-    convolution (weight [C, kernel]) and SiLU; `states` [slots, kernel - 1, C] holds each slot's
-    last inputs, oldest first, and is advanced in place. Each output sums its kernel products in
-    float32 from the oldest input, rounds to the dtype, and goes through SiLU."""
+    convolution (weight [C, kernel]) and SiLU; `states` [rows, kernel - 1, C] holds each slot's
+    last inputs, oldest first, and is advanced in place (and the inputs before a captured
+    boundary copied to its row). Each output sums its kernel products in float32 from the oldest
+    input, rounds to the dtype, and goes through SiLU."""
     kernel = weight.shape[1]
     w = weight.float()
     out = torch.empty_like(x)
-    for first, end, slot in step.bounds:
+    for first, end, slot, captured, row in step.bounds:
         window = torch.cat((states[slot], x[first:end])).float()  # [kernel - 1 + n, C]
         n = end - first
+        if captured:
+            states[row] = window[captured:captured + kernel - 1].to(states.dtype)
         acc = window[0:n] * w[:, 0]
         for j in range(1, kernel):
             acc = acc + window[j:j + n] * w[:, j]
@@ -55,14 +58,15 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
     """The gated delta rule over each sequence's rows: q, k [T, key_heads, key_dim], v [T,
     value_heads, value_dim], the gates' inputs a, b [T, value_heads] with the decay rate A
     (-exp(A_log), float32) and dt_bias [value_heads]; value head h reads q/k head h % key_heads
-    where `tiled`, else h // (value_heads / key_heads); `states` [slots, value_heads, key_dim,
-    value_dim] float32, advanced in place. Returns [T, value_heads, value_dim] float32."""
+    where `tiled`, else h // (value_heads / key_heads); `states` [rows, value_heads, key_dim,
+    value_dim] float32, advanced in place (and the state at a captured boundary copied to its
+    row). Returns [T, value_heads, value_dim] float32."""
     g = decay_rate * F.softplus(a.float() + dt_bias)
     beta = torch.sigmoid(b)
     groups = v.shape[1] // q.shape[1]
     scale = q.shape[-1] ** -0.5
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    for first, end, slot in step.bounds:
+    for first, end, slot, captured, row in step.bounds:
         s = states[slot]
         for t in range(first, end):
             q_t, k_t = _l2norm(q[t].float()) * scale, _l2norm(k[t].float())
@@ -72,5 +76,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tenso
             delta = (v[t].float() - remembered) * beta[t].float()[:, None]
             s = s + k_t[:, :, None] * delta[:, None, :]
             out[t] = (s * q_t[:, :, None]).sum(1)
+            if t + 1 == first + captured:
+                states[row] = s
         states[slot] = s
     return out

@@ -47,6 +47,10 @@ class SeqSlice:
     # The sequence's Sequence.table_version, which changes whenever block_table does: a cache may
     # keep what it derived from an unchanged table. None: unknown, derive it again.
     table_version: int | None = field(default=None, compare=False)
+    # A hybrid's (state_cache.py): the chained hash of the cached block it starts after, whose
+    # state it continues; and the block boundary (position, chained hash) whose state to keep.
+    state_key: int | None = field(default=None, compare=False)
+    capture: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,21 +259,23 @@ def _run_exp(module: ModuleType, i: Inputs) -> torch.Tensor:
     return x
 
 
-# causal_conv and delta_rule: sequences of 1 to 5 rows in slots drawn at random, each continuing a
-# random state; the output and the states after, from copies of the states
+# causal_conv and delta_rule: sequences of 1 to 5 rows in state rows drawn at random, each
+# continuing a random state, every other one capturing the state after some of its rows into a row
+# of its own; the output and the states after, from copies of the states
 def _sequences(g: torch.Generator, rows: int, slots: int) -> StateStep:
     lengths, start = [], 0
     while start < rows:
         lengths.append(min(rows - start, 1 + len(lengths) % 5))
         start += lengths[-1]
     starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    chosen = torch.randperm(slots, generator=g)[:len(lengths)].tolist()
-    return StateStep(torch.tensor(starts), torch.tensor(chosen),
-                     [(starts[i], starts[i + 1], chosen[i]) for i in range(len(lengths))])
+    chosen = torch.randperm(slots, generator=g)[:2 * len(lengths)].tolist()
+    captures = [1 + i % n if i % 2 else 0 for i, n in enumerate(lengths)]
+    bounds = [(starts[i], starts[i + 1], chosen[i], captures[i], chosen[len(lengths) + i]) for i in range(len(lengths))]
+    return StateStep(torch.tensor(starts), *(torch.tensor([bound[i] for bound in bounds]) for i in (2, 3, 4)), bounds)
 
 
 def _make_causal_conv(dtype: str, g: torch.Generator, rows: int, channels: int, kernel: int) -> Inputs:
-    dt, slots = _dtype(dtype), rows + 2
+    dt, slots = _dtype(dtype), 2 * rows + 2
     return {"x": torch.randn(rows, channels, generator=g).to(dt), "weight": (torch.randn(channels, kernel, generator=g)
             * 0.5).to(dt), "states": torch.randn(slots, kernel - 1, channels, generator=g).to(dt),
             "step": _sequences(g, rows, slots)}
@@ -281,7 +283,7 @@ def _make_causal_conv(dtype: str, g: torch.Generator, rows: int, channels: int, 
 
 def _make_delta_rule(dtype: str, g: torch.Generator, rows: int, key_heads: int, value_heads: int, key: int,
                      value: int) -> Inputs:
-    dt, slots = _dtype(dtype), rows + 2
+    dt, slots = _dtype(dtype), 2 * rows + 2
     # q, k and v views of one row, and a, b of another, as the model has them
     q, k, v = torch.randn(rows, 2 * key_heads * key + value_heads * value, generator=g).to(dt).split(
         [key_heads * key, key_heads * key, value_heads * value], dim=1)
@@ -290,6 +292,11 @@ def _make_delta_rule(dtype: str, g: torch.Generator, rows: int, key_heads: int, 
             "a": a, "b": b, "decay_rate": -torch.rand(value_heads, generator=g) * 4, "dt_bias": torch.randn(value_heads,
             generator=g).to(dt), "states": torch.randn(slots, value_heads, key, value, generator=g) * 0.1,
             "step": _sequences(g, rows, slots)}
+
+
+def _step_args(i: Inputs) -> list[torch.Tensor]:
+    step = i["step"]
+    return [step.starts, step.slots, step.captures, step.capture_slots]
 
 
 def _rule_args(i: Inputs, tiled: bool) -> list[Any]:
@@ -386,15 +393,14 @@ OPS: tuple[KernelOp, ...] = (
              {"float32": EXACT}, dict(rows=5, vocab=1003), dict(vocab=SMOLLM["vocab"])),
     # SiLU by the kernels' exp, not torch's: within a rounding of the dtype (the states are copies)
     KernelOp("causal_conv", BF16_F32, _make_causal_conv,
-             lambda m, i: _with_states(lambda s: m.causal_conv(i["x"], i["weight"], s, i["step"].starts,
-                                                               i["step"].slots), i),
+             lambda m, i: _with_states(lambda s: m.causal_conv(i["x"], i["weight"], s, *_step_args(i)), i),
              lambda i: _with_states(lambda s: gated_delta.causal_conv(i["x"], i["weight"], s, i["step"]), i),
              {"bfloat16": Tolerance(1e-2, 1e-2), "float32": Tolerance(1e-5, 1e-5)},
              dict(rows=13, channels=100, kernel=4), dict(channels=QWEN35["conv_channels"], kernel=4)),
     # float32 throughout, the sums in another order than torch's reductions; value heads grouped and tiled
     KernelOp("delta_rule", BF16_F32, _make_delta_rule,
-             lambda m, i: [_with_states(lambda s: m.delta_rule(*_rule_args(i, tiled), s, i["step"].starts,
-                                                               i["step"].slots), i) for tiled in (False, True)],
+             lambda m, i: [_with_states(lambda s: m.delta_rule(*_rule_args(i, tiled), s, *_step_args(i)), i)
+                           for tiled in (False, True)],
              lambda i: [_with_states(lambda s: gated_delta.delta_rule(*_rule_args(i, tiled), s, i["step"]), i)
                         for tiled in (False, True)],
              {"bfloat16": Tolerance(1e-4, 1e-4), "float32": Tolerance(1e-4, 1e-4)},

@@ -77,14 +77,15 @@ class KernelGatedNorm(Module):
 
 def kernel_causal_conv(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, step: StateStep) -> torch.Tensor:
     """gated_delta.causal_conv on the kernel."""
-    return kernels().causal_conv(x, weight, states, step.starts, step.slots)
+    return kernels().causal_conv(x, weight, states, step.starts, step.slots, step.captures, step.capture_slots)
 
 
 def kernel_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                       decay_rate: torch.Tensor, dt_bias: torch.Tensor, tiled: bool, states: torch.Tensor,
                       step: StateStep) -> torch.Tensor:
     """gated_delta.delta_rule on the kernel."""
-    return kernels().delta_rule(q, k, v, a, b, decay_rate, dt_bias, tiled, states, step.starts, step.slots)
+    return kernels().delta_rule(q, k, v, a, b, decay_rate, dt_bias, tiled, states, step.starts, step.slots,
+                                step.captures, step.capture_slots)
 
 
 def _act_and_mul(config: ModelConfig) -> dict:

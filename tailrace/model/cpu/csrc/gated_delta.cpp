@@ -6,6 +6,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -29,10 +30,12 @@ constexpr int64_t kConvChannels = 256;
 // x [T][C] -> out [T][C]: out[t] = SiLU(round(sum_j w[:, j] * window[t + j])), the window being the
 // slot's kernel - 1 stored inputs then the sequence's rows; the products summed in float32 from the
 // oldest input, each product and sum rounded apart (the reference's eager ops). The slot's state
-// becomes the window's last kernel - 1 rows.
+// becomes the window's last kernel - 1 rows; where captures[b] > 0, rows captures[b].. (the inputs
+// before that boundary) are copied to state row capture_slots[b].
 template <typename T>
 void causal_conv_silu(const T* x, const T* weight, T* states, const int64_t* starts, const int64_t* slots,
-                      int64_t seqs, int64_t channels, int64_t kernel, T* out) {
+                      const int64_t* captures, const int64_t* capture_slots, int64_t seqs, int64_t channels,
+                      int64_t kernel, T* out) {
     const int64_t kept = kernel - 1, blocks = (channels + kConvChannels - 1) / kConvChannels;
     tailrace::parallel_chunks(seqs * blocks, 1, [&](int64_t unit, int64_t) {
         const int64_t b = unit / blocks, c0 = unit % blocks * kConvChannels;
@@ -59,6 +62,11 @@ void causal_conv_silu(const T* x, const T* weight, T* states, const int64_t* sta
                                                                      exp16(_mm512_sub_ps(_mm512_setzero_ps(), acc))));
                 store16(out + (first + t) * channels + c, silu, m);
             }
+            if (captures[b] > 0) {
+                T* snapshot = states + capture_slots[b] * kept * channels;
+                for (int64_t r = 0; r < kept; ++r)
+                    store16(snapshot + r * channels + c, load16(row(captures[b] + r) + c, m), m);
+            }
             // the new state: the window's last `kept` rows, read before any is overwritten
             std::vector<__m512> last(kept);
             for (int64_t r = 0; r < kept; ++r)
@@ -84,11 +92,11 @@ void gates(T a, T b, float rate, T dt_bias, float& decay, float& beta) {
 // One value head's state s [key][value] over one sequence's rows (see gated_delta.py): per token,
 // s *= exp(g); delta = (v - s^T k) * beta; s += k delta^T; out = s^T q, with q and k l2-normed in
 // float32 (q also by key ** -0.5). q, k rows are the head's group's, qk_stride apart; a and b
-// the head's, ab_stride apart.
+// the head's, ab_stride apart. After `captured` tokens (0: none) s is copied to `snapshot`.
 template <typename T>
 void delta_head(const T* q, const T* k, const T* v, int64_t qk_stride, int64_t v_stride, const T* a, const T* b,
                 int64_t ab_stride, float rate, T dt_bias, int64_t n, int64_t key, int64_t value, float* s, float* out,
-                int64_t out_stride) {
+                int64_t out_stride, int64_t captured, float* snapshot) {
     const int64_t vectors = (value + kLanes - 1) / kLanes;
     std::vector<float> qn(key), kn(key);
     std::vector<__m512> acc(vectors), delta(vectors);
@@ -144,6 +152,8 @@ void delta_head(const T* q, const T* k, const T* v, int64_t qk_stride, int64_t v
         float* o = out + t * out_stride;
         for (int64_t j = 0; j < vectors; ++j)
             tailrace::store16(o + j * kLanes, acc[j], lanes(value - j * kLanes));
+        if (t + 1 == captured)
+            std::copy(s, s + key * value, snapshot);
     }
 }
 
@@ -174,16 +184,19 @@ void gated_norm_rows(const float* x, const T* z, int64_t z_stride, const T* weig
     }
 }
 
-void check_step(const torch::Tensor& starts, const torch::Tensor& slots) {
-    TORCH_CHECK(starts.scalar_type() == torch::kInt64 && slots.scalar_type() == torch::kInt64 &&
-                starts.is_contiguous() && slots.is_contiguous() && starts.numel() == slots.numel() + 1,
-                "starts [B + 1] and slots [B] must be int64");
+void check_step(const torch::Tensor& starts, const torch::Tensor& slots, const torch::Tensor& captures,
+                const torch::Tensor& capture_slots) {
+    for (const torch::Tensor* t : {&starts, &slots, &captures, &capture_slots})
+        TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous(), "the step's tensors must be int64");
+    TORCH_CHECK(starts.numel() == slots.numel() + 1 && captures.numel() == slots.numel() &&
+                capture_slots.numel() == slots.numel(), "starts [B + 1], slots, captures and capture_slots [B]");
 }
 
 // x [T, C] (rows contiguous), weight [C, kernel], states [slots, kernel - 1, C], all one dtype.
 torch::Tensor causal_conv(const torch::Tensor& x_any, const torch::Tensor& weight, const torch::Tensor& states,
-                          const torch::Tensor& starts, const torch::Tensor& slots) {
-    check_step(starts, slots);
+                          const torch::Tensor& starts, const torch::Tensor& slots, const torch::Tensor& captures,
+                          const torch::Tensor& capture_slots) {
+    check_step(starts, slots, captures, capture_slots);
     const torch::Tensor x = x_any.contiguous();
     const int64_t channels = x.size(1), kernel = weight.size(1);
     TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == channels && weight.is_contiguous() &&
@@ -195,7 +208,8 @@ torch::Tensor causal_conv(const torch::Tensor& x_any, const torch::Tensor& weigh
     tailrace::with_element_type(x.scalar_type(), "causal_conv", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         causal_conv_silu<T>(x.data_ptr<T>(), weight.data_ptr<T>(), states.data_ptr<T>(), starts.data_ptr<int64_t>(),
-                            slots.data_ptr<int64_t>(), slots.numel(), channels, kernel, out.data_ptr<T>());
+                            slots.data_ptr<int64_t>(), captures.data_ptr<int64_t>(), capture_slots.data_ptr<int64_t>(),
+                            slots.numel(), channels, kernel, out.data_ptr<T>());
     });
     return out;
 }
@@ -207,8 +221,9 @@ torch::Tensor causal_conv(const torch::Tensor& x_any, const torch::Tensor& weigh
 torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& a,
                          const torch::Tensor& b, const torch::Tensor& rate_any, const torch::Tensor& dt_bias_any,
                          bool tiled, const torch::Tensor& states, const torch::Tensor& starts,
-                         const torch::Tensor& slots) {
-    check_step(starts, slots);
+                         const torch::Tensor& slots, const torch::Tensor& captures,
+                         const torch::Tensor& capture_slots) {
+    check_step(starts, slots, captures, capture_slots);
     const int64_t rows = q.size(0), key_heads = q.size(1), key = q.size(2), value_heads = v.size(1), value = v.size(2);
     TORCH_CHECK(q.sizes() == k.sizes() && q.strides() == k.strides() && q.stride(2) == 1 && q.stride(1) == key &&
                 v.stride(2) == 1 && v.stride(1) == value && v.size(0) == rows && value_heads % key_heads == 0 &&
@@ -227,6 +242,8 @@ torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const t
     torch::Tensor out = torch::empty({rows, value_heads, value}, v.options().dtype(torch::kFloat32));
     const int64_t* start = starts.data_ptr<int64_t>();
     const int64_t* slot = slots.data_ptr<int64_t>();
+    const int64_t* captured = captures.data_ptr<int64_t>();
+    const int64_t* capture_slot = capture_slots.data_ptr<int64_t>();
     const int64_t seqs = slots.numel(), groups = value_heads / key_heads;
     tailrace::with_element_type(v.scalar_type(), "delta_rule", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -239,7 +256,8 @@ torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const t
                           a.data_ptr<T>() + ab_offset, b.data_ptr<T>() + ab_offset, a.stride(0),
                           rate.data_ptr<float>()[h], dt_bias.data_ptr<T>()[h], start[b_ + 1] - first, key, value,
                           states.data_ptr<float>() + (slot[b_] * value_heads + h) * key * value,
-                          out.data_ptr<float>() + (first * value_heads + h) * value, value_heads * value);
+                          out.data_ptr<float>() + (first * value_heads + h) * value, value_heads * value, captured[b_],
+                          states.data_ptr<float>() + (capture_slot[b_] * value_heads + h) * key * value);
         });
     });
     return out;
