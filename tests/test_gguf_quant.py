@@ -384,12 +384,11 @@ def test_a_hybrids_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_pat
     """Gated DeltaNet's in_proj stacks attn_qkv, attn_gate and b and a (Qwen3-Next's ssm_ba, per
     head group, put in order), gated attention's qkv_proj the gates after v; each projection built
     from the file's blocks agrees with the dequantizing loader's."""
-    from e2e.test_architectures import CONVERT_ARGS, save_checkpoint
+    from e2e.test_architectures import save_checkpoint
 
     save_checkpoint(tmp_path / name, name)
     path = tmp_path / f"{name}-q8_0.gguf"
-    subprocess.run(convert_command(llamacpp_tree, tmp_path / name, "q8_0", path) + CONVERT_ARGS[name], check=True,
-                   capture_output=True)
+    subprocess.run(convert_command(llamacpp_tree, tmp_path / name, "q8_0", path), check=True, capture_output=True)
     model, _ = load_model(str(path), dtype="float32", quantization="int8")
     floats, _ = load_model(str(path), dtype="float32")
     served = {"model.layers.0.linear_attn.in_proj", "model.layers.0.linear_attn.out_proj",

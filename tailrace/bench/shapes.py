@@ -67,6 +67,16 @@ SHAPES = {shape.name: shape for shape in (
           head_dim=128, intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768,
           rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, architecture="Qwen2ForCausalLM",
           model_type="qwen2", extra={"rms_norm_eps": 1e-6, "tie_word_embeddings": True}),
+    # Qwen/Qwen3.5-0.8B's text model: 18 Gated DeltaNet layers (16 q/k and 16 value heads of 128)
+    # and 6 gated attention layers (8 heads of 256 over 2 KV heads, a quarter of each turning)
+    Shape("qwen3.5-0.8b", hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+          head_dim=256, intermediate_size=3584, vocab_size=248320, max_position_embeddings=262144,
+          rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+          architecture="Qwen3_5ForCausalLM", model_type="qwen3_5_text",
+          extra={"rms_norm_eps": 1e-6, "tie_word_embeddings": True, "linear_num_key_heads": 16,
+                 "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                 "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+                 "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)]}),
     # google/gemma-3-1b-it's shape: 5 of 6 layers see 512 positions back
     Shape("gemma-3-1b", hidden_size=1152, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
           head_dim=256, intermediate_size=6912, vocab_size=262144, max_position_embeddings=32768,
@@ -202,8 +212,8 @@ def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]
     offset = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0})).norm_weight_offset
     weights = {}
     for name, size in tensor_shapes(shape).items():
-        if name.endswith("norm.weight"):
-            weights[name] = torch.full(size, 1.0 - offset)
+        if name.endswith("norm.weight"):  # Gated DeltaNet's output norm scales by its weight alone
+            weights[name] = torch.full(size, 1.0 - (0.0 if ".linear_attn." in name else offset))
             continue
         generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
         weights[name] = torch.randn(size, generator=generator) * INIT_STD

@@ -91,8 +91,6 @@ ARCHITECTURES = {
                         shared_expert_intermediate_size=64, **_LINEAR)),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
-# A checkpoint of these has no multi-token-prediction layers, which llama.cpp's converter expects
-CONVERT_ARGS = {"qwen3_5": ["--no-mtp"], "qwen3_next": ["--no-mtp"]}
 PROMPTS = [
     [5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9],
     [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
@@ -167,8 +165,8 @@ def served(request, tmp_path_factory: pytest.TempPathFactory, llamacpp_tree: Pat
     directory = tmp_path_factory.mktemp(request.param)
     model = save_checkpoint(directory / "model", request.param)
     gguf = directory / f"{request.param}.gguf"
-    subprocess.run(llamacpp.convert_command(llamacpp_tree, directory / "model", "f32", gguf)
-                   + CONVERT_ARGS.get(request.param, []), check=True, capture_output=True)
+    subprocess.run(llamacpp.convert_command(llamacpp_tree, directory / "model", "f32", gguf), check=True,
+                   capture_output=True)
     common = ["--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", request.param,
               *SERVE_ARGS.get(request.param, [])]
     servers = [serving([str(path), *common], directory / log)

@@ -60,12 +60,33 @@ def fetch_tree(directory: Path, parts: tuple[str, ...] | None = None) -> Path:
     return tree(directory)
 
 
+# The architectures whose multi-token-prediction layers the converter writes, and expects
+MTP_ARCHITECTURES = {"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+                     "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM"}
+
+
 def convert_command(tree_dir: Path, model_dir: Path, outtype: str, outfile: Path,
                     python: Path | str = sys.executable) -> list[str]:
     """llama.cpp's converter turning `model_dir` into `outfile` (outtype f32, bf16, ...) under
-    `python`, which has its requirements (torch, numpy, sentencepiece, transformers, safetensors)."""
+    `python`, which has its requirements (torch, numpy, sentencepiece, transformers, safetensors);
+    told to expect no multi-token-prediction layers where the architecture has them and the
+    checkpoint does not (a random one that transformers wrote)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    without_mtp = (bool(MTP_ARCHITECTURES.intersection(config.get("architectures", [])))
+                   and not any(name.startswith(("mtp.", "model.mtp.")) for name in tensor_names(model_dir)))
     return [str(python), str(CONVERT_WRAPPER), str(tree_dir), str(model_dir), "--outtype", outtype,
-            "--outfile", str(outfile)]
+            "--outfile", str(outfile), *(["--no-mtp"] if without_mtp else [])]
+
+
+def tensor_names(model_dir: Path) -> list[str]:
+    """The names of the tensors the safetensors files of `model_dir` hold (read from their headers)."""
+    from safetensors import safe_open
+
+    names = []
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(path, "pt") as weights:
+            names += weights.keys()
+    return names
 
 
 def ensure_installed(directory: Path) -> None:

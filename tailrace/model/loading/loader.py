@@ -282,6 +282,9 @@ def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
     fused_stored = registry.architecture(model.config.architecture).stored_fused
     shapes = {}
     for name, param in model.named_parameters():
+        if name.endswith(".linear_attn.A"):  # stored as A_log (_linear_attention_tensors)
+            shapes[f"{name}_log"] = tuple(param.shape)
+            continue
         parts = _fused_parts(name)
         if not parts or fused_stored:
             shapes[name] = tuple(param.shape)
