@@ -89,17 +89,30 @@ void gates(T a, T b, float rate, T dt_bias, float& decay, float& beta) {
     beta = static_cast<float>(static_cast<T>(1.0f / (1.0f + std::exp(-static_cast<float>(b)))));
 }
 
-// One value head's state s [key][value] over one sequence's rows (see gated_delta.py): per token,
-// s *= exp(g); delta = (v - s^T k) * beta; s += k delta^T; out = s^T q, with q and k l2-normed in
-// float32 (q also by key ** -0.5). q, k rows are the head's group's, qk_stride apart; a and b
-// the head's, ab_stride apart. After `captured` tokens (0: none) s is copied to `snapshot`.
-template <typename T>
+// One value head's state s [key][value] over one sequence's rows (see gated_delta.py), in two
+// passes over s a token: the first reads s^T k and s^T q, the second writes s = decay s + k delta^T,
+// with delta = (v - decay s^T k) beta and out = decay s^T q + delta (k . q), which is
+// (decay s + k delta^T)^T q. q and k are l2-normed in float32 (q also by key ** -0.5); q, k rows
+// are the head's group's, qk_stride apart, a and b the head's, ab_stride apart. After `captured`
+// tokens (0: none) s is copied to `snapshot`. V: vectors of 16 a value row (value <= 16 V), so
+// that the sums stay in registers; Whole: value == 16 V, no lanes masked.
+template <typename T, int V, bool Whole>
 void delta_head(const T* q, const T* k, const T* v, int64_t qk_stride, int64_t v_stride, const T* a, const T* b,
                 int64_t ab_stride, float rate, T dt_bias, int64_t n, int64_t key, int64_t value, float* s, float* out,
                 int64_t out_stride, int64_t captured, float* snapshot) {
-    const int64_t vectors = (value + kLanes - 1) / kLanes;
     std::vector<float> qn(key), kn(key);
-    std::vector<__m512> acc(vectors), delta(vectors);
+    __mmask16 mask[V];
+    for (int j = 0; j < V; ++j)
+        mask[j] = lanes(value - j * kLanes);
+    const auto load = [&](const auto* p, int j) {
+        return Whole ? load16(p + j * kLanes) : load16(p + j * kLanes, mask[j]);
+    };
+    const auto store = [&](float* p, int j, __m512 x) {
+        if constexpr (Whole)
+            tailrace::store16(p + j * kLanes, x);
+        else
+            tailrace::store16(p + j * kLanes, x, mask[j]);
+    };
     const float scale = 1.0f / std::sqrt(static_cast<float>(key));
     for (int64_t t = 0; t < n; ++t) {
         const T* qt = q + t * qk_stride;
@@ -112,46 +125,40 @@ void delta_head(const T* q, const T* k, const T* v, int64_t qk_stride, int64_t v
             kk += kn[i] * kn[i];
         }
         const float q_inv = 1.0f / std::sqrt(qq + 1e-6f), k_inv = 1.0f / std::sqrt(kk + 1e-6f);
+        float kq = 0.0f;
         for (int64_t i = 0; i < key; ++i) {
             qn[i] = qn[i] * q_inv * scale;
             kn[i] = kn[i] * k_inv;
+            kq += kn[i] * qn[i];
         }
         float decay_t, beta_t;
         gates(a[t * ab_stride], b[t * ab_stride], rate, dt_bias, decay_t, beta_t);
         const __m512 decay = _mm512_set1_ps(decay_t), beta = _mm512_set1_ps(beta_t);
-        // decay the state, and read what it remembers for k: s^T k
-        for (int64_t j = 0; j < vectors; ++j)
-            acc[j] = _mm512_setzero_ps();
+        __m512 sk[V], sq[V];
+        for (int j = 0; j < V; ++j)
+            sk[j] = sq[j] = _mm512_setzero_ps();
         for (int64_t i = 0; i < key; ++i) {
-            float* row = s + i * value;
-            const __m512 ki = _mm512_set1_ps(kn[i]);
-            for (int64_t j = 0; j < vectors; ++j) {
-                const __mmask16 m = lanes(value - j * kLanes);
-                const __m512 decayed = _mm512_mul_ps(load16(row + j * kLanes, m), decay);
-                tailrace::store16(row + j * kLanes, decayed, m);
-                acc[j] = _mm512_fmadd_ps(decayed, ki, acc[j]);
+            const float* row = s + i * value;
+            const __m512 ki = _mm512_set1_ps(kn[i]), qi = _mm512_set1_ps(qn[i]);
+            for (int j = 0; j < V; ++j) {
+                const __m512 x = load(row, j);
+                sk[j] = _mm512_fmadd_ps(x, ki, sk[j]);
+                sq[j] = _mm512_fmadd_ps(x, qi, sq[j]);
             }
         }
         const T* vt = v + t * v_stride;
-        for (int64_t j = 0; j < vectors; ++j) {
-            const __mmask16 m = lanes(value - j * kLanes);
-            delta[j] = _mm512_mul_ps(_mm512_sub_ps(load16(vt + j * kLanes, m), acc[j]), beta);
-            acc[j] = _mm512_setzero_ps();
+        float* o = out + t * out_stride;
+        __m512 delta[V];
+        for (int j = 0; j < V; ++j) {
+            delta[j] = _mm512_mul_ps(_mm512_sub_ps(load(vt, j), _mm512_mul_ps(sk[j], decay)), beta);
+            store(o, j, _mm512_fmadd_ps(delta[j], _mm512_set1_ps(kq), _mm512_mul_ps(sq[j], decay)));
         }
-        // write k delta^T into the state, and read the output for q: s^T q
         for (int64_t i = 0; i < key; ++i) {
             float* row = s + i * value;
-            const __m512 ki = _mm512_set1_ps(kn[i]), qi = _mm512_set1_ps(qn[i]);
-            for (int64_t j = 0; j < vectors; ++j) {
-                const __mmask16 m = lanes(value - j * kLanes);
-                const __m512 updated = _mm512_fmadd_ps(ki, delta[j], load16(row + j * kLanes, m));
-                tailrace::store16(row + j * kLanes, updated, m);
-                acc[j] = _mm512_fmadd_ps(updated, qi, acc[j]);
-            }
+            const __m512 ki = _mm512_set1_ps(kn[i]);
+            for (int j = 0; j < V; ++j)
+                store(row, j, _mm512_fmadd_ps(ki, delta[j], _mm512_mul_ps(load(row, j), decay)));
         }
-        float* o = out + t * out_stride;
-        for (int64_t j = 0; j < vectors; ++j)
-            tailrace::store16(o + j * kLanes, acc[j], lanes(value - j * kLanes));
         if (t + 1 == captured)
             std::copy(s, s + key * value, snapshot);
     }
@@ -182,6 +189,18 @@ void gated_norm_rows(const float* x, const T* z, int64_t z_stride, const T* weig
             store16(out + r * width + i, _mm512_mul_ps(weighted, silu), m);
         }
     }
+}
+
+// delta_head with V the fewest vectors that hold `value` (at most 16: 256 values a row).
+template <typename T, typename... Args>
+void run_delta_head(int64_t value, Args... args) {
+    TORCH_CHECK(value <= 16 * kLanes, "delta_rule takes value heads of at most 256");
+    tailrace::up_to<16>((value + kLanes - 1) / kLanes, [&](auto vectors) {
+        if (value % kLanes == 0)
+            delta_head<T, vectors(), true>(args...);
+        else
+            delta_head<T, vectors(), false>(args...);
+    });
 }
 
 void check_step(const torch::Tensor& starts, const torch::Tensor& slots, const torch::Tensor& captures,
@@ -251,7 +270,7 @@ torch::Tensor delta_rule(const torch::Tensor& q, const torch::Tensor& k, const t
             const int64_t b_ = unit / value_heads, h = unit % value_heads, first = start[b_];
             const int64_t qk_head = tiled ? h % key_heads : h / groups;
             const int64_t qk_offset = first * q.stride(0) + qk_head * key, ab_offset = first * a.stride(0) + h;
-            delta_head<T>(q.data_ptr<T>() + qk_offset, k.data_ptr<T>() + qk_offset,
+            run_delta_head<T>(value, q.data_ptr<T>() + qk_offset, k.data_ptr<T>() + qk_offset,
                           v.data_ptr<T>() + first * v.stride(0) + h * value, q.stride(0), v.stride(0),
                           a.data_ptr<T>() + ab_offset, b.data_ptr<T>() + ab_offset, a.stride(0),
                           rate.data_ptr<float>()[h], dt_bias.data_ptr<T>()[h], start[b_ + 1] - first, key, value,
