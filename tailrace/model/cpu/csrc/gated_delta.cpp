@@ -24,8 +24,9 @@ using tailrace::load16;
 using tailrace::rounded;
 using tailrace::store16;
 
-// Channels a thread's unit of the convolution covers.
+// Channels a thread's unit of the convolution covers, and the widest convolution taken.
 constexpr int64_t kConvChannels = 256;
+constexpr int64_t kMaxKernel = 8;
 
 // x [T][C] -> out [T][C]: out[t] = SiLU(round(sum_j w[:, j] * window[t + j])), the window being the
 // slot's kernel - 1 stored inputs then the sequence's rows; the products summed in float32 from the
@@ -37,6 +38,11 @@ void causal_conv_silu(const T* x, const T* weight, T* states, const int64_t* sta
                       const int64_t* captures, const int64_t* capture_slots, int64_t seqs, int64_t channels,
                       int64_t kernel, T* out) {
     const int64_t kept = kernel - 1, blocks = (channels + kConvChannels - 1) / kConvChannels;
+    // the taps kernel-major in float32, so that 16 channels' tap j are one load
+    std::vector<float> taps(kernel * channels);
+    for (int64_t c = 0; c < channels; ++c)
+        for (int64_t j = 0; j < kernel; ++j)
+            taps[j * channels + c] = static_cast<float>(weight[c * kernel + j]);
     tailrace::parallel_chunks(seqs * blocks, 1, [&](int64_t unit, int64_t) {
         const int64_t b = unit / blocks, c0 = unit % blocks * kConvChannels;
         const int64_t c1 = std::min(channels, c0 + kConvChannels);
@@ -46,13 +52,9 @@ void causal_conv_silu(const T* x, const T* weight, T* states, const int64_t* sta
         const auto row = [&](int64_t r) { return r < kept ? state + r * channels : x + (first + r - kept) * channels; };
         for (int64_t c = c0; c < c1; c += kLanes) {
             const __mmask16 m = lanes(c1 - c);
-            std::vector<__m512> w(kernel);
-            for (int64_t j = 0; j < kernel; ++j) {
-                alignas(64) float column[kLanes] = {};
-                for (int64_t l = 0; l < kLanes && c + l < c1; ++l)
-                    column[l] = static_cast<float>(weight[(c + l) * kernel + j]);
-                w[j] = _mm512_loadu_ps(column);
-            }
+            __m512 w[kMaxKernel];
+            for (int64_t j = 0; j < kernel; ++j)
+                w[j] = load16(taps.data() + j * channels + c, m);
             for (int64_t t = 0; t < n; ++t) {
                 __m512 acc = _mm512_mul_ps(load16(row(t) + c, m), w[0]);
                 for (int64_t j = 1; j < kernel; ++j)
@@ -68,7 +70,7 @@ void causal_conv_silu(const T* x, const T* weight, T* states, const int64_t* sta
                     store16(snapshot + r * channels + c, load16(row(captures[b] + r) + c, m), m);
             }
             // the new state: the window's last `kept` rows, read before any is overwritten
-            std::vector<__m512> last(kept);
+            __m512 last[kMaxKernel];
             for (int64_t r = 0; r < kept; ++r)
                 last[r] = load16(row(n + r) + c, m);
             for (int64_t r = 0; r < kept; ++r)
@@ -218,6 +220,7 @@ torch::Tensor causal_conv(const torch::Tensor& x_any, const torch::Tensor& weigh
     check_step(starts, slots, captures, capture_slots);
     const torch::Tensor x = x_any.contiguous();
     const int64_t channels = x.size(1), kernel = weight.size(1);
+    TORCH_CHECK(kernel >= 2 && kernel <= kMaxKernel, "causal_conv takes kernels of 2 to ", kMaxKernel, " taps");
     TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == channels && weight.is_contiguous() &&
                 weight.scalar_type() == x.scalar_type(), "weight must be [C, kernel] in x's dtype");
     TORCH_CHECK(states.dim() == 3 && states.size(1) == kernel - 1 && states.size(2) == channels &&
