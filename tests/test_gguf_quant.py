@@ -379,7 +379,7 @@ def test_a_mixture_of_experts_takes_each_experts_codes_from_llama_cpps_q8_0_file
         assert _relative_error(getattr(expert, name)(x), getattr(float_expert, name)(x)) < BF16_RTOL, name
 
 
-@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next", "qwen3_5_moe"])
 def test_a_hybrids_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_path, llamacpp_tree, name) -> None:
     """Gated DeltaNet's in_proj stacks attn_qkv, attn_gate and b and a (Qwen3-Next's ssm_ba, per
     head group, put in order), gated attention's qkv_proj the gates after v; each projection built
@@ -393,7 +393,7 @@ def test_a_hybrids_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_pat
     floats, _ = load_model(str(path), dtype="float32")
     served = {"model.layers.0.linear_attn.in_proj", "model.layers.0.linear_attn.out_proj",
               "model.layers.3.self_attn.qkv_proj", "model.layers.3.self_attn.o_proj"}
-    if name == "qwen3_next":
+    if name != "qwen3_5":
         served |= {"model.layers.0.mlp.shared_expert.gate_up_proj", "model.layers.0.mlp.experts.1.down_proj"}
     modules, float_modules = dict(model.named_modules()), dict(floats.named_modules())
     for path_name in sorted(served):

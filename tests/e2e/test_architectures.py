@@ -84,11 +84,15 @@ ARCHITECTURES = {
                                       "rope_theta": 150000.0})),
     # hybrids: layers 0-2 Gated DeltaNet (value heads twice the q/k heads, which llama.cpp's
     # converter tiles for Qwen3.5), layer 3 gated attention with a quarter of each head turning;
-    # Qwen3-Next's Gated DeltaNet projections stored per head group, experts beside a shared one
+    # Qwen3-Next's Gated DeltaNet projections stored per head group, experts beside a shared one;
+    # Qwen3.5-MoE's experts with Qwen3.5's layers (tiled in the GGUF too)
     "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, dict(num_hidden_layers=4, **_LINEAR)),
     "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM,
                    dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                         shared_expert_intermediate_size=64, **_LINEAR)),
+    "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM,
+                    dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                         shared_expert_intermediate_size=64, **_LINEAR)),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [
