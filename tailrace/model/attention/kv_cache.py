@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from tailrace.model.attention.state_cache import StateCache
 
 _MIN_SLAB_CAPACITY = 16
 _CAPACITY_STEP = 64
@@ -68,6 +65,15 @@ class LayerAttention:
 class AttentionBatch:
     seqs: list[SeqSlice]
     slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset, for each new token
+
+
+class SequenceStates(Protocol):
+    """What a KV cache carries beside its K/V for a hybrid's other layers (state_cache.StateCache),
+    told of each step and each released sequence as the cache is."""
+
+    def begin(self, batch: AttentionBatch) -> None: ...
+
+    def release(self, key: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -159,7 +165,7 @@ class KVCache:
         device: str | torch.device = "cpu",
         max_seqs: int = 64,
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
-        states: StateCache | None = None,  # a hybrid's linear-attention states, kept beside the K/V
+        states: SequenceStates | None = None,  # a hybrid's linear-attention states, kept beside the K/V
     ) -> None:
         self.states = states
         self.num_layers = num_layers

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from tailrace.model.attention.kv_cache import (AttentionBatch, KVCache, LayerAttention, PagedAttentionMetadata,
-                                               SeqSlice, new_pages, plain_attention)
+                                               SeqSlice, SequenceStates, new_pages, plain_attention)
 from tailrace.model.cpu.kernels import kernels
-
-if TYPE_CHECKING:
-    from tailrace.model.attention.state_cache import StateCache
 
 
 def _triton_attention() -> ModuleType:
@@ -129,7 +125,7 @@ class PagedKVCache:
         max_seqs: int = 64,
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
         kernel: str = "pytorch",
-        states: StateCache | None = None,  # a hybrid's linear-attention states, kept beside the K/V
+        states: SequenceStates | None = None,  # a hybrid's linear-attention states, kept beside the K/V
     ) -> None:
         self.states = states
         self.num_layers = num_layers

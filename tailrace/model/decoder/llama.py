@@ -26,6 +26,7 @@ from torch import nn
 from tailrace.model.attention import gated_delta
 from tailrace.model.attention.whole_sequence import attend_whole
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention
+from tailrace.model.attention.state_cache import StateCache
 from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import layer_steps, norms_of
 
@@ -348,7 +349,8 @@ class GatedDeltaNet(Module):
         self.rule = gated_delta.delta_rule
 
     def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        states, n = cache.states, x.shape[0]
+        states: StateCache = cache.states  # the KV cache carries the model's states
+        n = x.shape[0]
         mixed, z, b, a = self.in_proj(x).split(self.split, dim=-1)
         mixed = self.conv(mixed, self.conv1d.weight.view(self.split[0], -1), states.conv[self.index], states.step)
         q, k, v = mixed.split(self.qkv_split, dim=-1)
