@@ -83,6 +83,9 @@ ARCHITECTURES = {
     # Gated DeltaNet layers (v heads twice the q/k heads) beside gated attention with a quarter of
     # each head turning; Qwen3-Next and Qwen3.5-MoE add a shared expert to the experts
     "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, _HYBRID),
+    # Qwen3.5 as its checkpoints ship: the text model inside an image-text one (model.visual not read)
+    "qwen3_5_multimodal": (lambda **kwargs: _qwen3_5_multimodal(**kwargs), transformers.Qwen3_5ForConditionalGeneration,
+                           _HYBRID),
     "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM,
                     dict(_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                          shared_expert_intermediate_size=48)),
@@ -98,6 +101,14 @@ def _gemma3_multimodal(**text) -> transformers.Gemma3Config:
                   patch_size=14)
     return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                      image_token_index=255, boi_token_index=253, eoi_token_index=254)
+
+
+def _qwen3_5_multimodal(initializer_range: float, **text) -> transformers.Qwen3_5Config:
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+    return transformers.Qwen3_5Config(text_config=dict(text, initializer_range=initializer_range), vision_config=vision,
+                                      image_token_id=250, video_token_id=251, vision_start_token_id=252,
+                                      vision_end_token_id=253)
 
 
 def _randomize(model: torch.nn.Module) -> None:
