@@ -73,20 +73,21 @@ def convert_command(tree_dir: Path, model_dir: Path, outtype: str, outfile: Path
     checkpoint does not (a random one that transformers wrote)."""
     config = json.loads((model_dir / "config.json").read_text())
     without_mtp = (bool(MTP_ARCHITECTURES.intersection(config.get("architectures", [])))
-                   and not any(name.startswith(("mtp.", "model.mtp.")) for name in tensor_names(model_dir)))
+                   and not any(name.startswith(("mtp.", "model.mtp.")) for name in tensor_shapes(model_dir)))
     return [str(python), str(CONVERT_WRAPPER), str(tree_dir), str(model_dir), "--outtype", outtype,
             "--outfile", str(outfile), *(["--no-mtp"] if without_mtp else [])]
 
 
-def tensor_names(model_dir: Path) -> list[str]:
-    """The names of the tensors the safetensors files of `model_dir` hold (read from their headers)."""
+def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Each tensor the safetensors files of `model_dir` hold, by name, with its shape (read from
+    their headers)."""
     from safetensors import safe_open
 
-    names = []
+    shapes = {}
     for path in model_dir.glob("*.safetensors"):
         with safe_open(path, "pt") as weights:
-            names += weights.keys()
-    return names
+            shapes |= {name: weights.get_slice(name).get_shape() for name in weights.keys()}
+    return shapes
 
 
 def ensure_installed(directory: Path) -> None:
@@ -113,14 +114,8 @@ def gguf_path(directory: Path, model_dir: Path, kind: str) -> Path:
 
 
 def weight_count(model_dir: Path) -> int:
-    """How many numbers the safetensors files of `model_dir` hold (read from their headers)."""
-    from safetensors import safe_open
-
-    count = 0
-    for path in model_dir.glob("*.safetensors"):
-        with safe_open(path, "pt") as weights:
-            count += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
-    return count
+    """How many numbers the safetensors files of `model_dir` hold."""
+    return sum(math.prod(shape) for shape in tensor_shapes(model_dir).values())
 
 
 def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None, pure: bool = False) -> Path:
