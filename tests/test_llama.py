@@ -8,7 +8,8 @@ import transformers
 
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, SeqSlice, plain_attention
 from tailrace.model.attention.paged import PagedKVCache
-from tailrace.model.attention.state_cache import StateCache, StateShape
+from tailrace.model.attention.state_cache import StateCache
+from tailrace.model.decoder.llama import state_shape
 from tailrace.model.loading.loader import load_model
 
 BLOCK_SIZE = 4
@@ -194,9 +195,7 @@ def state_cache(c, max_seqs: int = 64) -> StateCache | None:
     """A hybrid's state cache, as the runner makes it; None for a model without one."""
     if not c.gated_delta_layers:
         return None
-    shape = StateShape(2 * c.linear_key_heads * c.linear_key_dim + c.linear_value_heads * c.linear_value_dim,
-                       c.linear_conv_kernel, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim)
-    return StateCache(len(c.gated_delta_layers), shape, max_seqs, torch.float32, torch.device("cpu"))
+    return StateCache(len(c.gated_delta_layers), state_shape(c), max_seqs, torch.float32, torch.device("cpu"))
 
 
 def reference_logits(hf_model, tokens: list[int]) -> torch.Tensor:

@@ -32,7 +32,8 @@ from tailrace.logs import timed
 from tailrace.model import backends
 from tailrace.model.attention.kv_cache import KVCache
 from tailrace.model.attention.paged import PagedKVCache
-from tailrace.model.attention.state_cache import StateCache, StateShape
+from tailrace.model.attention.state_cache import StateCache
+from tailrace.model.decoder.llama import state_shape
 from tailrace.model.loading.loader import load_model, resolve_quantization
 from tailrace.outputs import TokenLogprob
 
@@ -203,9 +204,8 @@ class ModelRunner:
         mc = self.model_config
         if not mc.gated_delta_layers:
             return None
-        shape = StateShape(2 * mc.linear_key_heads * mc.linear_key_dim + mc.linear_value_heads * mc.linear_value_dim,
-                           mc.linear_conv_kernel, mc.linear_value_heads, mc.linear_key_dim, mc.linear_value_dim)
-        states = StateCache(len(mc.gated_delta_layers), shape, config.max_num_seqs, self.model.dtype, self.device)
+        states = StateCache(len(mc.gated_delta_layers), state_shape(mc), config.max_num_seqs, self.model.dtype,
+                            self.device)
         per_row = states.nbytes / (2 * config.max_num_seqs) / 2**20
         log.info("state cache: %d Gated DeltaNet layers, %.2f MiB a sequence, for %d running sequences and as many "
                  "prefix-cache snapshots (at most %.1f MiB)", len(mc.gated_delta_layers), per_row,

@@ -44,10 +44,6 @@ class StateShape:
     key_dim: int
     value_dim: int
 
-    def bytes_per_sequence(self, layers: int, dtype: torch.dtype) -> int:
-        conv = (self.conv_kernel - 1) * self.conv_channels * dtype.itemsize
-        return layers * (conv + self.value_heads * self.key_dim * self.value_dim * 4)
-
 
 @dataclass(frozen=True, slots=True)
 class StateStep:

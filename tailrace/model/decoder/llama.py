@@ -26,7 +26,7 @@ from torch import nn
 from tailrace.model.attention import gated_delta
 from tailrace.model.attention.whole_sequence import attend_whole
 from tailrace.model.attention.kv_cache import AttentionBatch, KVCache, LayerAttention
-from tailrace.model.attention.state_cache import StateCache
+from tailrace.model.attention.state_cache import StateCache, StateShape
 from tailrace.model.decoder.config import ModelConfig
 from tailrace.model.decoder.layer_plan import layer_steps, norms_of
 
@@ -312,6 +312,20 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(gate)
 
 
+def in_proj_split(config: ModelConfig) -> list[int]:
+    """Gated DeltaNet's fused input projection's outputs: the convolved q, k and v channels, the
+    output gate z, and one b and one a per value head."""
+    value_size = config.linear_value_heads * config.linear_value_dim
+    return [2 * config.linear_key_heads * config.linear_key_dim + value_size, value_size,
+            config.linear_value_heads, config.linear_value_heads]
+
+
+def state_shape(config: ModelConfig) -> StateShape:
+    """One Gated DeltaNet layer's state per sequence, for the state cache."""
+    return StateShape(in_proj_split(config)[0], config.linear_conv_kernel, config.linear_value_heads,
+                      config.linear_key_dim, config.linear_value_dim)
+
+
 class CausalConv(Module):
     """A depthwise causal convolution's weights [channels, 1, kernel], as checkpoints store them."""
 
@@ -334,7 +348,7 @@ class GatedDeltaNet(Module):
         self.value_heads, self.value_dim = config.linear_value_heads, config.linear_value_dim
         self.tiled = config.value_heads_tiled
         key_size, value_size = self.key_heads * self.key_dim, self.value_heads * self.value_dim
-        self.split = [2 * key_size + value_size, value_size, self.value_heads, self.value_heads]
+        self.split = in_proj_split(config)
         self.qkv_split = [key_size, key_size, value_size]
         self.in_proj = Linear(config.hidden_size, sum(self.split), False, dtype)
         self.conv1d = CausalConv(self.split[0], config.linear_conv_kernel, dtype)

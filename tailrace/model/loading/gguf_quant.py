@@ -46,7 +46,7 @@ from tailrace.model.decoder import registry
 
 from tailrace.heap import release_freed
 from tailrace.model.decoder.config import ModelConfig
-from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, qkv_row_order, qkv_rows
+from tailrace.model.decoder.llama import LlamaForCausalLM, MoE, in_proj_split, qkv_row_order, qkv_rows
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_file import GgufFile
 from tailrace.model.loading.mxfp4 import e2m1_scales
@@ -143,8 +143,7 @@ def _qkv_order(config: ModelConfig) -> np.ndarray | None:
 def _grouped_ba_order(config: ModelConfig) -> np.ndarray:
     """Gated DeltaNet's in_proj rows as stacked from attn_qkv, attn_gate and Qwen3-Next's ssm_ba
     (per q/k head group: its value heads' b, then their a): all b, then all a."""
-    value_size = config.linear_value_heads * config.linear_value_dim
-    first = 2 * config.linear_key_heads * config.linear_key_dim + 2 * value_size
+    first = sum(in_proj_split(config)[:2])  # q/k/v and z
     groups, per = config.linear_key_heads, config.linear_value_heads // config.linear_key_heads
     group_rows = first + np.arange(groups)[:, None] * 2 * per + np.arange(per)
     return np.concatenate((np.arange(first), group_rows.ravel(), (group_rows + per).ravel()))

@@ -21,7 +21,7 @@ from tailrace.heap import release_freed
 from tailrace.logs import timed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
 from tailrace.model.decoder.llama import (GatedDeltaNet, GatedRMSNorm, LayerNorm, Linear, LlamaForCausalLM,
-                                          PooledDense, RMSNorm, reorder_rotary_dims)
+                                          PooledDense, RMSNorm, in_proj_split, reorder_rotary_dims)
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_quant import block_projections, lookup_table, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
@@ -574,8 +574,7 @@ def _part_rows(fused: str, part: int, config: ModelConfig, target: torch.Tensor)
         half = target.shape[0] // 2
         return part * half, half
     if fused == "in_proj":  # Gated DeltaNet's: q/k/v, z, b, a
-        value_size, heads = config.linear_value_heads * config.linear_value_dim, config.linear_value_heads
-        sizes = [2 * config.linear_key_heads * config.linear_key_dim + value_size, value_size, heads, heads]
+        sizes = in_proj_split(config)
         return sum(sizes[:part]), sizes[part]
     q_size = config.num_attention_heads * config.head_dim
     kv_size = config.num_key_value_heads * config.head_dim
