@@ -452,3 +452,44 @@ def test_ratio_table_divides_ours_by_each_peer_on_headline_rows():
     assert rows["TTFT p50 (ms)"][3:] == ["0.50", "2.00"]
     assert rows["TPOT p50 (ms)"][3:] == ["0.50", "0.25"]
     assert len(rows["TTFT p99 (ms)"]) == 3  # no ratio off the headline rows
+
+
+def test_the_gemma4_shape_has_gemma_4_e2bs_text_parameters():
+    count = sum(math.prod(size) for size in shapes.tensor_shapes(shapes.SHAPES["gemma-4-e2b"]).values())
+    assert 4.6e9 < count < 4.7e9  # gemma-4-E2B's 5.1B less its 0.45B of image and audio towers
+
+
+def test_a_shape_past_a_shard_is_written_as_transformers_shards_of_whole_layers(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    whole = shapes.write_shape(dataclasses.replace(TINY, dtype="bfloat16"), tmp_path / "whole")
+    monkeypatch.setattr(shapes, "SHARD_BYTES", 1)
+    sharded = shapes.write_shape(dataclasses.replace(TINY, dtype="bfloat16"), tmp_path / "sharded")
+    weight_map = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) == 4  # the embedding, each layer, the final norm
+    assert len({weight_map[n] for n in weight_map if n.startswith("model.layers.1.")}) == 1
+    assert json.loads((sharded / "config.json").read_text())["dtype"] == "bfloat16"
+    one, _ = load_model(str(whole))
+    many, _ = load_model(str(sharded))
+    assert one.dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), many.state_dict().values()))
+
+
+def test_a_real_vocabulary_becomes_a_tokenizer_llama_cpps_converter_and_transformers_read(
+        tmp_path: Path, llamacpp_tree: Path):
+    """Gemma 4's: its llama.cpp vocabulary rebuilt as tokenizer.json encodes llama.cpp's own
+    vectors, through transformers too, and is the BPE with byte fallback the converter takes."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    from test_gguf_vocab_vectors import read_vectors
+
+    models = llamacpp.tree(tmp_path) / "models"
+    models.parent.mkdir(parents=True)
+    models.symlink_to(llamacpp_tree / "models")
+    folder = llamacpp.vocabulary_tokenizer(tmp_path, "gemma-4")
+    assert json.loads((folder / "config.json").read_text())["bos_token_id"] == 2
+    ours = AutoTokenizer.from_pretrained(str(folder))
+    vectors = read_vectors(models / "ggml-vocab-gemma-4.gguf")
+    assert [(text, ours.encode(text, add_special_tokens=False, split_special_tokens=True))
+            for text, _ in vectors] == vectors
+    assert gguf.LlamaHfVocab(folder).vocab_size == 262144

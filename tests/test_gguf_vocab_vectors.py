@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tailrace.model.loading.gguf_file import open_gguf
-from tailrace.model.loading.gguf_tokenizer import build_tokenizer
 from tailrace.tokenizer import load_tokenizer
 
 ENCODED_AS_LLAMA_CPP = [
-    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt",
-    "phi-3", "qwen2", "qwen35", "refact", "starcoder",
+    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
+    "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
 ]
-# vocabulary -> the tokenizer model that tailrace refuses, by name
-REFUSED = {
-    "gemma-4": "gemma4",  # BPE over raw UTF-8 with ▁ for spaces: neither byte-level nor SentencePiece
-}
 _TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
@@ -42,7 +36,7 @@ def read_vectors(vocab: Path) -> list[tuple[str, list[int]]]:
 def test_every_vocabulary_with_vectors_is_listed(llamacpp_tree):
     with_vectors = {p.name.removeprefix("ggml-vocab-").removesuffix(".gguf.inp")
                     for p in (llamacpp_tree / "models").glob("ggml-vocab-*.gguf.inp")}
-    assert with_vectors == {*ENCODED_AS_LLAMA_CPP, *REFUSED}
+    assert with_vectors == set(ENCODED_AS_LLAMA_CPP)
 
 
 @pytest.mark.parametrize("name", ENCODED_AS_LLAMA_CPP)
@@ -52,9 +46,3 @@ def test_vocabulary_encodes_as_llama_cpp(llamacpp_tree, name):
     tokenizer.hf.encode_special_tokens = True
     vectors = read_vectors(_vocab(llamacpp_tree, name))
     assert [(text, tokenizer.encode(text, add_special_tokens=False)) for text, _ in vectors] == vectors
-
-
-@pytest.mark.parametrize(("name", "model"), REFUSED.items())
-def test_unsupported_tokenizer_model_is_refused_by_name(llamacpp_tree, name, model):
-    with pytest.raises(ValueError, match=f"unsupported GGUF tokenizer model '{model}'"):
-        build_tokenizer(open_gguf(str(_vocab(llamacpp_tree, name))))

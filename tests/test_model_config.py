@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from architectures import ARCHITECTURES, tiny
 from tailrace.model.decoder.config import limit_context, parse_model_config
@@ -38,7 +39,7 @@ def test_default_rope_type_means_no_scaling():
 
 
 def test_unknown_rope_type_is_rejected_naming_the_supported():
-    with pytest.raises(ValueError, match="'dynamic'; supported: linear, llama3, longrope, yarn"):
+    with pytest.raises(ValueError, match="'dynamic'; supported: linear, llama3, longrope, proportional, yarn"):
         parse(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
 
 
@@ -202,6 +203,74 @@ def test_gemma3_multimodal_config_is_its_text_models_with_gemma3s_defaults_fille
     assert config.eos_token_ids == [1, 106] and config.tie_word_embeddings
     assert config.layer_windows[:6] == [1024] * 5 + [None] and config.layer_rope[5] == "global"
     assert (config.rope_theta, config.local_rope_theta, config.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+
+
+# An E2B-like Gemma 4 as its image-text checkpoint's config.json holds it (global_head_dim, not
+# transformers' per_layer_config), at a tenth of the layers
+GEMMA4 = {
+    "architectures": ["Gemma4ForConditionalGeneration"], "eos_token_id": [1, 106], "dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 1536, "intermediate_size": 6144,
+        "num_hidden_layers": 10, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+        "global_head_dim": 512, "num_kv_shared_layers": 4, "use_double_wide_mlp": True, "sliding_window": 512,
+        "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+        "layer_types": ["sliding_attention"] * 4 + ["full_attention"] + ["sliding_attention"] * 4 + ["full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "vision_config": {"model_type": "gemma4_vision"}, "audio_config": {"model_type": "gemma4_audio"}}
+
+
+def test_gemma4_per_layer_shapes_shared_kv_and_per_layer_inputs():
+    config = parse_model_config(GEMMA4)
+    assert config.architecture == "Gemma4ForCausalLM" and config.tie_word_embeddings
+    assert config.layer_head_dims == [256] * 4 + [512] + [256] * 4 + [512]
+    assert config.layer_kv_heads == [1] * 10 and config.layer_values_are_keys == [False] * 10
+    # layers 6-9 attend over the K/V of the last earlier layer of their type: 5 (sliding) and 4 (global)
+    assert config.layer_kv_source == [0, 1, 2, 3, 4, 5, 5, 5, 5, 4]
+    assert config.attention_layers == [0, 1, 2, 3, 4, 5]
+    assert config.layer_intermediate_sizes == [6144] * 6 + [12288] * 4
+    assert config.layer_windows == ([512] * 4 + [None]) * 2
+    assert (config.per_layer_input_size, config.per_layer_vocab_size) == (256, 262144)
+    assert (config.attention_scale, config.embedding_multiplier, config.norm_weight_offset) == (1.0, 1536**0.5, 0.0)
+    assert config.value_norm and config.layer_scalars and config.final_logit_softcap == 30.0
+    assert (config.rope_theta, config.local_rope_theta) == (1e6, 1e4)
+    assert config.rope_scaling == {"rope_type": "proportional", "fraction": 0.25, "factor": 1.0}
+    assert not config.uniform_attention
+
+
+def test_gemma4_values_that_are_keys_take_the_global_kv_head_count():
+    text = {**GEMMA4["text_config"], "attention_k_eq_v": True, "num_global_key_value_heads": 4,
+            "num_key_value_heads": 8, "num_kv_shared_layers": 0}
+    config = parse_model_config({**GEMMA4, "text_config": text})
+    assert config.layer_kv_heads == ([8] * 4 + [4]) * 2
+    assert config.layer_values_are_keys == ([False] * 4 + [True]) * 2
+    assert config.layer_kv_source == list(range(10)) and config.layer_intermediate_sizes == [6144] * 10
+
+
+def test_gemma4_proportional_rope_turns_the_head_pairs_transformers_turns():
+    from transformers import Gemma4TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tailrace.model.decoder.llama import rope_inverse_frequencies
+
+    theirs, _ = ROPE_INIT_FUNCTIONS["proportional"](Gemma4TextConfig(global_head_dim=512), layer_type="full_attention")
+    ours = rope_inverse_frequencies(parse_model_config(GEMMA4), "global")
+    assert ours.shape == (256,) and (ours[64:] == 0).all()
+    assert torch.equal(ours, theirs)
+
+
+def test_gemma4s_experts_beside_the_mlp_are_refused_by_name():
+    with pytest.raises(ValueError, match="unsupported Gemma 4 enable_moe_block"):
+        parse_model_config({**GEMMA4, "text_config": {**GEMMA4["text_config"], "enable_moe_block": True}})
+
+
+def test_bidirectional_attention_for_vision_tokens_leaves_text_causal():
+    assert parse_model_config({**GEMMA4, "text_config": {**GEMMA4["text_config"],
+                                                         "use_bidirectional_attention": "vision"}}).causal
+    assert not parse_model_config({**GEMMA4, "text_config": {**GEMMA4["text_config"],
+                                                             "use_bidirectional_attention": "all"}}).causal
 
 
 def test_layer_types_of_the_wrong_length_are_refused():

@@ -47,13 +47,14 @@ def make_meta(specs: list[tuple[int, int]], block_size: int, num_blocks: int, se
     return PagedAttentionMetadata(loc, seq_lens, tables, block_size, int(q_lens.max()), len(specs))
 
 
-def random_inputs(specs: list[tuple[int, int]], group: int, num_rows: int, seed: int) -> tuple[torch.Tensor, ...]:
+def random_inputs(specs: list[tuple[int, int]], group: int, num_rows: int, seed: int,
+                  head_dim: int = HEAD_DIM) -> tuple[torch.Tensor, ...]:
     """q for every new token, and pages of num_rows random K/V rows."""
     g = torch.Generator().manual_seed(seed)
     num_tokens = sum(q_len for _, q_len in specs)
-    q = torch.randn(num_tokens, KV_HEADS * group, HEAD_DIM, generator=g)
-    k_pages = torch.randn(num_rows, KV_HEADS, HEAD_DIM, generator=g)
-    v_pages = torch.randn(num_rows, KV_HEADS, HEAD_DIM, generator=g)
+    q = torch.randn(num_tokens, KV_HEADS * group, head_dim, generator=g)
+    k_pages = torch.randn(num_rows, KV_HEADS, head_dim, generator=g)
+    v_pages = torch.randn(num_rows, KV_HEADS, head_dim, generator=g)
     return q, k_pages, v_pages
 
 
@@ -115,6 +116,20 @@ def test_cpu_kernel_matches_naive_attention_on_a_mixed_batch(group, block_size, 
     expected = naive_attention(q, k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED, meta)
     torch.testing.assert_close(out[: q.shape[0]].float(), expected, atol=tolerance, rtol=tolerance)
     assert not out[q.shape[0]:].any()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("head_dim", [256, 512])  # Gemma's widest: 512 past the worked-out path's arrays
+def test_cpu_kernel_takes_the_widest_heads(head_dim, dtype, tolerance):
+    meta = make_meta(MIXED, 16, NUM_BLOCKS * 2, seed=head_dim)
+    q, k_pages, v_pages = random_inputs(MIXED, 3, NUM_BLOCKS * 32, seed=head_dim, head_dim=head_dim)
+    how = LayerAttention(1.0 / head_dim, window=21)
+    out = kernels().paged_attention(q.to(dtype), k_pages.to(dtype), v_pages.to(dtype), meta.query_start_loc,
+                                    meta.seq_lens, meta.block_tables, 16, meta.num_seqs, how.scale, how.window)
+    expected = naive_attention(q.to(dtype).float(), k_pages.to(dtype).float(), v_pages.to(dtype).float(), MIXED,
+                               meta, how)
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 @needs_kernels
@@ -298,6 +313,23 @@ def test_a_cpu_cache_never_imports_triton():
             "PagedKVCache(2, 2, 32, 4, 16, torch.float32, 'cpu'); print('triton' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kernel", sorted({"pytorch", CPU_KERNEL}))
+def test_layers_of_their_own_shapes_and_a_layer_reading_anothers_kv(kernel):
+    """Gemma 4's: each layer its own pages (layer 1's heads twice as wide, one KV head), and a
+    query that attends over a layer's K/V (k and v None) without storing any: what it gets is what
+    that layer's own query would."""
+    cache = PagedKVCache(2, KV_HEADS, HEAD_DIM, 16, BLOCK_SIZE, torch.float32, max_seqs=2, kernel=kernel,
+                         layer_shapes=[(KV_HEADS, HEAD_DIM), (1, 2 * HEAD_DIM)])
+    assert [tuple(k.shape) for k in cache.k] == [(256, KV_HEADS, HEAD_DIM), (256, 1, 2 * HEAD_DIM)]
+    batch = make_batch([(0, 0, 5), (1, 0, 3)])
+    cache.begin(batch)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, heads, 2 * HEAD_DIM, generator=g) for heads in (2, 1, 1))
+    stored = cache.attend(1, q, k, v, batch)
+    assert torch.equal(cache.attend(1, q, None, None, batch), stored)
+    assert torch.equal(cache.k[1][batch.slot_mapping], k)
 
 
 def test_paged_cache_has_the_kv_cache_page_size():

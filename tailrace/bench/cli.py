@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # the bench modules load only when a bench command runs
 DEFAULT_CONCURRENCY = "1,8,32,64"
 PEER_NAMES = ("transformers", "vllm", "llamacpp")  # tailrace.bench.compare.PEERS, without importing it
 # tailrace.bench.shapes.SHAPES that generate (bench/embed.py takes the embedding one)
-SHAPE_NAMES = ("smollm2-135m", "llama-3.2-1b", "qwen2.5-1.5b", "gemma-3-1b", "phi-4-mini", "qwen3.5-0.8b", "qwen3-30b-a3b",
-               "gpt-oss-20b")
+SHAPE_NAMES = ("smollm2-135m", "llama-3.2-1b", "qwen2.5-1.5b", "gemma-3-1b", "gemma-4-e2b", "phi-4-mini", "qwen3.5-0.8b",
+               "qwen3-30b-a3b", "gpt-oss-20b")
 
 
 def concurrency_list(text: str) -> list[int]:

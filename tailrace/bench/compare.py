@@ -30,7 +30,7 @@ from tailrace.bench.report import format_comparison, format_level_line, summariz
 from tailrace.bench.serve import (BenchError, LoadConfig, Workload, calibrate, first_model, open_client, run_level,
                                   warm_up)
 from tailrace.bench.servers import ServerProcess, free_port, wait_ready
-from tailrace.bench.shapes import SHAPES, write_shape, write_shape_config
+from tailrace.bench.shapes import SHAPES, write_shape_config
 from tailrace.engine.config import EMBEDDED_MODEL, EngineConfig
 from tailrace.model.loading.hub import is_gguf
 
@@ -171,7 +171,7 @@ def _model_dir(config: CompareConfig, tmp: Path) -> str:
         return str(llamacpp.repeated_layer_gguf(config.peers_dir / llamacpp.NAME, SHAPES[config.shape],
                                                 config.dtype, config.peer_quant))
     if config.shape:
-        return str(write_shape(SHAPES[config.shape]))  # ours, written once: nothing changes it
+        return str(llamacpp.shape_dir(config.peers_dir / llamacpp.NAME, SHAPES[config.shape]))  # written once
     source = config.model_dir or EMBEDDED_MODEL
     if is_gguf(source):  # a file people download, served as it is
         if set(config.peers) - {llamacpp.NAME} or config.peer_quant:

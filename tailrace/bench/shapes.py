@@ -3,7 +3,10 @@ tensors the loader reads for the shape's architecture (`loader.checkpoint_shapes
 
 Every server of a comparison must read the same weights, and llama.cpp reads only a GGUF converted
 from real files, so a shape is written out in full (config.json, generation_config.json, weights as
-safetensors) rather than served with `--load-format dummy`. The tokenizer is the embedded model's:
+safetensors, in shards of about SHARD_BYTES) rather than served with `--load-format dummy`. The
+tokenizer is the embedded model's, or for a family whose converter takes no byte-level BPE the
+real vocabulary the shape names (Shape.vocabulary: Gemma 4's, rebuilt from the tokenizer-only GGUF
+llama.cpp's tree ships). The embedded model's
 its vocabulary is smaller than the shape's, which the servers accept (the converter pads the rest
 with [PAD] tokens; for Gemma 3, whose converter drops embedding rows past the tokenizer's tokens,
 the shape's tokenizer lists unused special tokens up to the vocabulary size). The embedding rows
@@ -19,6 +22,7 @@ import math
 import shutil
 import zlib
 from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,12 @@ class Shape:
     # (repeat_layer); vLLM, which reads no such GGUF, draws its own random weights
     # (write_shape_config).
     one_layer: bool = False
+    # The precision its weights are written in: float32, or bfloat16 where float32 would not fit
+    # in memory while written (Gemma 4 E2B's per-layer table alone is 9.4 GB in float32)
+    dtype: str = "float32"
+    # A real vocabulary as llama.cpp's tree ships it (models/ggml-vocab-NAME.gguf): the shape's
+    # tokenizer, made by llamacpp.vocabulary_tokenizer; "": the embedded model's
+    vocabulary: str = ""
 
 
 SHAPES = {shape.name: shape for shape in (
@@ -67,6 +77,20 @@ SHAPES = {shape.name: shape for shape in (
           head_dim=128, intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768,
           rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, architecture="Qwen2ForCausalLM",
           model_type="qwen2", extra={"rms_norm_eps": 1e-6, "tie_word_embeddings": True}),
+    # google/gemma-4-E2B-it's text model: 35 layers, every 5th global (512-wide heads, a quarter of
+    # their pairs turning); the last 20 attend over layers 13's and 14's K/V with double-wide MLPs;
+    # per-layer inputs of 256 from a 262,144 x 8,960 table; Gemma 4's own vocabulary
+    Shape("gemma-4-e2b", hidden_size=1536, num_hidden_layers=35, num_attention_heads=8, num_key_value_heads=1,
+          head_dim=256, intermediate_size=6144, vocab_size=262144, max_position_embeddings=131072,
+          rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                              "rope_theta": 1_000_000.0},
+                           "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+          architecture="Gemma4ForCausalLM", model_type="gemma4_text", dtype="bfloat16", vocabulary="gemma-4",
+          extra={"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "global_head_dim": 512,
+                 "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "sliding_window": 512,
+                 "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144,
+                 "final_logit_softcapping": 30.0, "attention_k_eq_v": False,
+                 "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(35)]}),
     # Qwen/Qwen3.5-0.8B's text model: 18 Gated DeltaNet layers (16 q/k and 16 value heads of 128)
     # and 6 gated attention layers (8 heads of 256 over 2 KV heads, a quarter of each turning)
     Shape("qwen3.5-0.8b", hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
@@ -157,9 +181,9 @@ def shape_config(shape: Shape, tokenizer_config: dict[str, Any]) -> dict[str, An
     """config.json of a float32 model of `shape` with tied embeddings; special token ids come from
     the tokenizer's model."""
     fields = {k: v for k, v in asdict(shape).items()
-              if k not in ("name", "architecture", "model_type", "extra", "one_layer")}
+              if k not in ("name", "architecture", "model_type", "extra", "one_layer", "dtype", "vocabulary")}
     return {
-        "architectures": [shape.architecture], "model_type": shape.model_type, "dtype": "float32",
+        "architectures": [shape.architecture], "model_type": shape.model_type, "dtype": shape.dtype,
         **fields, "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
         "attention_bias": False, "mlp_bias": False, "initializer_range": INIT_STD, "use_cache": True,
         "bos_token_id": tokenizer_config["bos_token_id"], "eos_token_id": tokenizer_config["eos_token_id"],
@@ -202,25 +226,59 @@ def pad_tokenizer(tokenizer_json: Path, size: int) -> None:
     tokenizer_json.write_text(json.dumps(tokenizer, ensure_ascii=False))
 
 
-def random_weights(shape: Shape, seed: int, known_tokens: int) -> dict[str, Any]:
-    """Seeded per tensor name, so a tensor's values do not depend on the others; norms scale by one
-    (Gemma's are stored as the scale less one)."""
+def random_weights(shape: Shape, seed: int, known_tokens: int) -> Iterator[dict[str, Any]]:
+    """The weights in groups of whole layers of about SHARD_BYTES (a larger tensor alone), each
+    tensor seeded by its name, so its values do not depend on the others; norms and layer scalars
+    scale by one (Gemma 2's and 3's norms are stored as the scale less one)."""
     import torch
 
     from tailrace.model.decoder.config import parse_model_config
 
     offset = parse_model_config(shape_config(shape, {"bos_token_id": 0, "eos_token_id": 0})).norm_weight_offset
-    weights = {}
+    dtype = getattr(torch, shape.dtype)
+    group: dict[str, Any] = {}
     for name, size in tensor_shapes(shape).items():
-        if name.endswith("norm.weight"):  # Gated DeltaNet's output norm scales by its weight alone
-            weights[name] = torch.full(size, 1.0 - (0.0 if ".linear_attn." in name else offset))
+        if group and _layer(name) != _layer(next(reversed(group))) and _bytes(group) >= SHARD_BYTES:
+            yield _released(shape, group)
+            group = {}
+        if name.endswith(("norm.weight", "layer_scalar")):  # Gated DeltaNet's output norm scales by its weight alone
+            group[name] = torch.full(size, 1.0 - (0.0 if ".linear_attn." in name or "norm" not in name else offset),
+                                     dtype=dtype)
             continue
-        generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
-        weights[name] = torch.randn(size, generator=generator) * INIT_STD
-    weights["model.embed_tokens.weight"][known_tokens:] = 0.0
-    if "lm_head.weight" in weights:  # an untied head scores the unknown ids 0 likewise
-        weights["lm_head.weight"][known_tokens:] = 0.0
-    return released_gpt_oss_layout(weights) if registry.architecture(shape.architecture).mxfp4_experts else weights
+        group[name] = _drawn(size, torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode())), dtype)
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):  # an untied head scores the unknown ids 0 likewise
+            group[name][known_tokens:] = 0.0
+    yield _released(shape, group)
+
+
+SHARD_BYTES = 2 * 2**30
+_DRAWN_ROWS = 2**26  # values drawn at once: a large table is filled a part at a time
+
+
+def _drawn(size: tuple[int, ...], generator: Any, dtype: Any) -> Any:
+    """normal(0, INIT_STD) values of `size` at `dtype`, drawn in float32 a few rows at a time."""
+    import torch
+
+    out = torch.empty(size, dtype=dtype)
+    rows = out.view(-1, size[-1]) if out.dim() > 1 else out.view(1, -1)
+    step = max(1, _DRAWN_ROWS // rows.shape[1])
+    for start in range(0, rows.shape[0], step):
+        part = rows[start:start + step]
+        part.copy_(torch.randn(part.shape, generator=generator) * INIT_STD)
+    return out
+
+
+def _layer(name: str) -> str:
+    """The layer a tensor belongs to ("" for the model's own): a shard holds whole layers."""
+    return ".".join(name.split(".")[:3]) if name.startswith("model.layers.") else ""
+
+
+def _bytes(group: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in group.values())
+
+
+def _released(shape: Shape, group: dict[str, Any]) -> dict[str, Any]:
+    return released_gpt_oss_layout(group) if registry.architecture(shape.architecture).mxfp4_experts else group
 
 
 def released_gpt_oss_layout(weights: dict[str, Any]) -> dict[str, Any]:
@@ -250,21 +308,33 @@ def released_gpt_oss_layout(weights: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_shape(shape: Shape, root: Path = SHAPES_DIR, seed: int = 0, tokenizer_dir: str = EMBEDDED_MODEL) -> Path:
-    """The model directory of `shape` under `root`, written on first use and reused after."""
+    """The model directory of `shape` under `root`, written on first use and reused after: its
+    weights in model.safetensors, or as transformers shards a larger model (model-NNNNN.safetensors
+    and their index), written a shard at a time."""
     from safetensors.torch import save_file
 
     source = Path(tokenizer_dir)
     config = shape_config(shape, json.loads((source / "config.json").read_text()))
     stamp = json.dumps({"config": config, "seed": seed, "padded_tokenizer": _padded(shape),
-                        "zero_rows": "embedding and head"})
+                        "zero_rows": "embedding and head", **({"tokenizer": shape.vocabulary} if shape.vocabulary else {})})
     directory = root / shape.name
     if _written(directory, stamp):
         return directory
-    ensure_room(root, sum(4 * math.prod(size) for size in tensor_shapes(shape).values()), f"the {shape.name} shape")
+    width = 2 if shape.dtype == "bfloat16" else 4
+    ensure_room(root, sum(width * math.prod(size) for size in tensor_shapes(shape).values()),
+                f"the {shape.name} shape")
     print(f"writing the {shape.name} shape with random weights (seed {seed}) into {directory}", flush=True)
     partial = _start_directory(shape, root / f"{shape.name}.partial", source, config)
-    weights = random_weights(shape, seed, tokenizer_size(source / "tokenizer.json"))
-    save_file(weights, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    weight_map: dict[str, str] = {}
+    for index, group in enumerate(random_weights(shape, seed, tokenizer_size(source / "tokenizer.json")), 1):
+        file = f"model-{index:05d}.safetensors"
+        save_file(group, str(partial / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(group, file)
+        del group  # not held while the next is drawn
+    if len(set(weight_map.values())) == 1:
+        (partial / "model-00001.safetensors").rename(partial / "model.safetensors")
+    else:
+        (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return _finish_directory(partial, stamp, directory)
 
 

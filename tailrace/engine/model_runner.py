@@ -169,8 +169,9 @@ class ModelRunner:
         mc, dtype = self.model_config, self.model.dtype
         if not self.keeps_kv:  # its blocks only count the sequences' tokens
             return config.num_kv_blocks or -(-config.max_num_seqs * self.max_model_len // config.block_size)
-        kv_heads = self.model.config.num_key_value_heads  # this rank's, under tensor parallelism
-        per_block = KVCache.bytes_per_block(len(mc.attention_layers), kv_heads, mc.head_dim, config.block_size, dtype)
+        local = self.model.config  # this rank's KV heads, under tensor parallelism
+        per_block = sum(KVCache.bytes_per_block(1, *local.attention_shape(layer), config.block_size, dtype)
+                        for layer in mc.attention_layers)
         kv_bytes = (self._gpu_kv_cache_bytes(config, free_before_load, dtype.itemsize) if free_before_load is not None
                     else fixed_kv_cache_bytes(config))
         blocks = config.num_kv_blocks or kv_bytes // per_block
@@ -185,13 +186,15 @@ class ModelRunner:
         padding rows (paged only)."""
         mc, dtype = self.model_config, self.model.dtype
         layers = len(mc.attention_layers) if self.keeps_kv else 0  # a cache keeping no K/V holds no layer
-        cache_args = (layers, self.model.config.num_key_value_heads, mc.head_dim)
+        local = self.model.config  # this rank's KV heads, under tensor parallelism
+        cache_args = (layers, local.num_key_value_heads, mc.head_dim)
         states = self._allocate_states(config)
         if self.backends.attention.layout == "paged":
             # One block past those the block manager hands out: the scratch block of padding rows.
             self.cache = PagedKVCache(*cache_args, self.num_blocks + 1, config.block_size, dtype, self.device,
                                       max_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      kernel=self.backends.attention.kernel, states=states)
+                                      kernel=self.backends.attention.kernel, states=states,
+                                      layer_shapes=[local.attention_shape(i) for i in mc.attention_layers][:layers])
             return self.num_blocks
         self.cache = KVCache(*cache_args, self.num_blocks, config.block_size, dtype, self.device,
                              max_seqs=config.max_num_seqs, max_model_len=self.max_model_len, states=states)

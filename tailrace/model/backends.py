@@ -111,7 +111,7 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
     elementwise, why = _elementwise(model, device, build)
     if why:
         not_taken["elementwise kernels"] = why
-    chosen = choose_attention(attention, str(device), model.dtype, model.config.head_dim, is_plain(model))
+    chosen = choose_attention(attention, str(device), model.dtype, max(model.config.layer_head_dims), is_plain(model))
     if not keeps_kv:  # the layout only counts blocks; PyTorch's SDPA attends within the step
         chosen = replace(chosen, kernel="pytorch", kept=False, not_taken=None)
     if chosen.not_taken is not None:
@@ -137,8 +137,9 @@ class Attention:
 
 def is_plain(model: LlamaForCausalLM) -> bool:
     """Whether every layer's attention is plain (attention.plain_attention)."""
-    return all(plain_attention(layer.self_attn.how, model.config.head_dim) for layer in model.model.layers
-               if layer.self_attn is not None)
+    return model.config.uniform_attention and all(
+        plain_attention(layer.self_attn.how, model.config.head_dim) for layer in model.model.layers
+        if layer.self_attn is not None)
 
 
 def choose_attention(asked: str, device: str, dtype: torch.dtype, head_dim: int, plain: bool = True) -> Attention:
@@ -166,7 +167,7 @@ def choose_attention(asked: str, device: str, dtype: torch.dtype, head_dim: int,
         return Attention(layout, "pytorch", plain, "no kernel build")
     if not native_takes(dtype, head_dim):
         return Attention(layout, "pytorch", plain,
-                         "the kernel takes float32 or bfloat16 with head_dim a multiple of 16 up to 256")
+                         "the kernel takes float32 or bfloat16 with head_dim a multiple of 16 up to 256, or 512")
     return Attention(layout, "tailrace", plain)
 
 
@@ -208,8 +209,9 @@ def _elementwise(model: LlamaForCausalLM, device: torch.device,
         return "pytorch", "no kernel build"
     if model.dtype not in KERNEL_DTYPES:
         return "pytorch", f"dtype {model.dtype} (the kernels take float32 and bfloat16)"
-    if model.config.head_dim % 32:
-        return "pytorch", f"head_dim {model.config.head_dim} is not a multiple of 32"
+    odd = [dim for dim in model.config.layer_head_dims if dim % 32]
+    if odd:
+        return "pytorch", f"head_dim {odd[0]} is not a multiple of 32"
     return "tailrace", None
 
 
@@ -240,6 +242,8 @@ def _not_fusable(model: LlamaForCausalLM) -> str | None:
         return "bidirectional attention (an encoder's, or EmbeddingGemma's) runs module by module"
     if model.config.gated_delta_layers:
         return "Gated DeltaNet layers run module by module"
+    if not model.config.uniform_attention or model.config.per_layer_input_size or model.config.value_norm:
+        return "Gemma 4's per-layer inputs, attention shapes and shared K/V run module by module"
     if kinds is None:
         return f"dtype {model.dtype}"
     embed = model.model.embed_tokens

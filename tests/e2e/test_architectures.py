@@ -34,7 +34,7 @@ import sentencepiece
 import torch
 import transformers
 from mxfp4_writer import write_mxfp4_experts
-from tokenizer_fixtures import CORPUS, IM_END, save_byte_level
+from tokenizer_fixtures import CORPUS, IM_END, save_byte_level, save_sentencepiece_like
 from tokenizers import Tokenizer
 
 from tailrace.bench.peers import llamacpp
@@ -93,6 +93,14 @@ ARCHITECTURES = {
     "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM,
                     dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                          shared_expert_intermediate_size=64, **_LINEAR)),
+    # Gemma 4: layers 2 and 5 global (heads twice as wide with a quarter of their pairs turning,
+    # values that are their keys, one KV head), the others sliding; layers 4 and 5 attend over
+    # layers 3's and 2's K/V with double-wide MLPs; per-layer inputs; a soft cap that bites
+    "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM,
+               dict(num_hidden_layers=6, global_head_dim=64, attention_k_eq_v=True, num_global_key_value_heads=1,
+                    num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=16,
+                    sliding_window=WINDOW, final_logit_softcapping=3.0,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [
@@ -115,27 +123,36 @@ def save_checkpoint(directory: Path, name: str) -> transformers.PreTrainedModel:
     """A random `name` model with a byte-level tokenizer, norms and biases drawn too (defaults of
     0 or 1 would hide a loading mistake); the model, in float32, as transformers runs it."""
     config_class, model_class, extra = ARCHITECTURES[name]
-    save_byte_level(directory)
+    if name == "gemma4":  # llama.cpp's converter takes Gemma 4's BPE with byte fallback, not byte-level BPE
+        save_sentencepiece_like(directory)
+    else:
+        save_byte_level(directory)
     # transformers 5 (which llama.cpp's converter loads the tokenizer with) takes a special token
     # as a string or an AddedToken, not the plain dict older configs hold
     settings = json.loads((directory / "tokenizer_config.json").read_text())
-    settings["eos_token"] = IM_END
+    if name != "gemma4":  # its tokenizer's own </s> is a string already
+        settings["eos_token"] = IM_END
     if name == "phi3":  # what llama.cpp's converter takes for a byte-level BPE Phi-3 (Phi-4's)
         settings["tokenizer_class"] = "GPT2Tokenizer"
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
     if name == "gemma2":  # llama.cpp converts Gemma 2's SentencePiece vocabulary only
         save_sentencepiece_model(directory / "tokenizer.model")
     vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    if name == "gemma4":
+        extra = {**extra, "vocab_size_per_layer_input": vocab}
     config = config_class(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2, **{**SMALL, **extra})
     config._attn_implementation = "eager"  # the soft cap's reference
     torch.manual_seed(0)
     model = model_class(config).float().eval()
     with torch.no_grad():
         for param_name, param in model.named_parameters():
-            if "norm" in param_name:
-                param.uniform_(-0.5, 0.5) if name.startswith("gemma") else param.uniform_(0.5, 1.5)
+            if "norm" in param_name:  # Gemma 2's and 3's store their scales less 1
+                param.uniform_(-0.5, 0.5) if name in ("gemma2", "gemma3") else param.uniform_(0.5, 1.5)
             elif param_name.endswith(("bias", "sinks")):
                 param.normal_(0.0, 0.1 if param_name.endswith("bias") else 1.0)
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("layer_scalar"):  # Gemma 4's, 1 unless drawn
+                buffer.uniform_(0.5, 1.5)
     model.save_pretrained(directory)
     if name == "gpt_oss":
         write_mxfp4_experts(directory, model)

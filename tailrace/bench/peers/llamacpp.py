@@ -19,7 +19,8 @@ from pathlib import Path
 from tailrace.bench.disk import ensure_room
 from tailrace.bench.peers import PeerServer, PeerSettings, offline_env
 from tailrace.bench.peers.install import is_installed, make_venv, mark_installed, start_install, step
-from tailrace.bench.shapes import Shape, layer_of, repeat_layer, write_shape
+from tailrace.bench.shapes import TOKENIZER_FILES, Shape, layer_of, repeat_layer, write_shape
+from tailrace.engine.config import EMBEDDED_MODEL
 
 NAME = "llamacpp"
 VERSION = "0.3.36"  # of llama-cpp-python, whose sdist carries the llama.cpp tree
@@ -144,6 +145,44 @@ def ensure_gguf(directory: Path, model_dir: Path, dtype: str, quant: str | None,
     return quantized
 
 
+def shape_dir(directory: Path, shape: Shape) -> Path:
+    """The shape written (shapes.write_shape) with its tokenizer: the embedded model's, or the real
+    vocabulary it names from this tree (vocabulary_tokenizer)."""
+    source = vocabulary_tokenizer(directory, shape.vocabulary) if shape.vocabulary else Path(EMBEDDED_MODEL)
+    return write_shape(shape, tokenizer_dir=str(source))
+
+
+def vocabulary_tokenizer(directory: Path, name: str) -> Path:
+    """A tokenizer folder of the real vocabulary models/ggml-vocab-NAME.gguf in llama.cpp's tree
+    (its tokenizer.json rebuilt by tailrace's GGUF tokenizer; its bos, eos and pad ids in
+    config.json and generation_config.json), which llama.cpp's converter reads as that family's
+    own; made once."""
+    from tailrace.model.loading.gguf_file import metadata, open_gguf
+    from tailrace.model.loading.gguf_tokenizer import build_tokenizer
+
+    target = directory / "vocabularies" / name
+    if all((target / file).exists() for file in TOKENIZER_FILES):
+        return target
+    vocab = tree(directory) / "models" / f"ggml-vocab-{name}.gguf"
+    if not vocab.exists():
+        fetch_tree(directory, ("models/",))
+    reader = open_gguf(str(vocab))
+    tokens = metadata(reader, "tokenizer.ggml.tokens")
+    ids = {key: metadata(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("bos", "eos", "padding")}
+    special = {f"{key}_token": tokens[i] for key, i in (("bos", ids["bos"]), ("eos", ids["eos"]),
+                                                        ("pad", ids["padding"])) if i is not None}
+    partial = target.with_name(f"{name}.partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(reader).save(str(partial / "tokenizer.json"))
+    numbers = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["padding"]}
+    files = {"tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True, **special},
+             "special_tokens_map.json": special, "config.json": numbers, "generation_config.json": numbers}
+    for file, content in files.items():
+        (partial / file).write_text(json.dumps(content, indent=2) + "\n")
+    partial.rename(target)  # only a whole folder counts as made
+    return target
+
+
 def repeated_layer_gguf(directory: Path, shape: Shape, dtype: str, quant: str | None) -> Path:
     """The GGUF of a shape written as one layer (Shape.one_layer): that layer written, converted
     (and quantized), then repeated for every layer of the shape; made once. Quantized `pure`: a
@@ -151,7 +190,7 @@ def repeated_layer_gguf(directory: Path, shape: Shape, dtype: str, quant: str | 
     end of a load that already fills most of a 24 GB machine. Not MXFP4_MOE, whose mix (experts
     MXFP4, every other matrix Q8_0) tailrace takes block for block, and --pure would make MXFP4 all."""
     pure = quant is not None and quant != "MXFP4_MOE"
-    layer = ensure_gguf(directory, write_shape(layer_of(shape)), dtype, quant, pure=pure)
+    layer = ensure_gguf(directory, shape_dir(directory, layer_of(shape)), dtype, quant, pure=pure)
     target = layer.with_name(f"{shape.name}-{layer.stem.removeprefix(layer_of(shape).name + '-')}.gguf")
     if not target.exists():
         partial = target.with_suffix(".partial")

@@ -237,8 +237,8 @@ class KVCache:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence.
         The slab attends at head_dim ** -0.5 over every position: `how` may ask for no more (and
         so `sinks` is None)."""
-        if how is not None and not plain_attention(how, self.head_dim):
-            raise ValueError(f"the slab KV cache does not take {how}; the paged cache does")
+        if (how is not None and not plain_attention(how, self.head_dim)) or k is None:
+            raise ValueError(f"the slab KV cache does not take {how} or shared K/V; the paged cache does")
         step = self._step
         if step is None or batch is not step.batch:
             raise RuntimeError("KVCache.begin(batch) must be called with this batch before the forward")

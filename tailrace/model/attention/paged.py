@@ -37,7 +37,7 @@ ATTENTION_KERNELS = ("tailrace", "triton", "pytorch")
 
 def native_takes(dtype: torch.dtype, head_dim: int) -> bool:
     """The shapes tailrace's CPU attention kernel is built for."""
-    return dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256
+    return dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and (head_dim <= 256 or head_dim == 512)
 
 
 def _native_kernel(device: torch.device, dtype: torch.dtype, head_dim: int) -> Callable[..., torch.Tensor]:
@@ -126,6 +126,7 @@ class PagedKVCache:
         max_model_len: int | None = None,  # None: as many tokens as the pages hold
         kernel: str = "pytorch",
         states: SequenceStates | None = None,  # a hybrid's linear-attention states, kept beside the K/V
+        layer_shapes: list[tuple[int, int]] | None = None,  # per layer (kv_heads, head_dim), where they differ
     ) -> None:
         self.states = states
         self.num_layers = num_layers
@@ -141,11 +142,17 @@ class PagedKVCache:
         self.max_blocks_per_seq = min(-(-self.max_model_len // block_size), num_blocks)
         self.kernel = kernel
         self._triton_kernel = _triton_attention().paged_attention_triton if kernel == "triton" else None
-        self._native_attention = _native_kernel(self.device, dtype, head_dim) if kernel == "tailrace" else None
+        shapes = layer_shapes or [(num_kv_heads, head_dim)] * num_layers
+        widest = max((dim for _, dim in shapes), default=head_dim)
+        self._native_attention = _native_kernel(self.device, dtype, widest) if kernel == "tailrace" else None
         if kernel not in ATTENTION_KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; known: {', '.join(ATTENTION_KERNELS)}")
         self.scale = head_dim**-0.5
-        self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
+        if len(set(shapes)) <= 1:
+            self.k, self.v = new_pages(num_layers, num_blocks * block_size, num_kv_heads, head_dim, dtype, self.device)
+        else:  # each layer its own pages (Gemma 4's global layers' wider heads): indexed by layer alike
+            pages = [new_pages(1, num_blocks * block_size, heads, dim, dtype, self.device) for heads, dim in shapes]
+            self.k, self.v = [k[0] for k, _ in pages], [v[0] for _, v in pages]
         self._allocate_metadata()
         self._batch: AttentionBatch | None = None
         self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
@@ -195,11 +202,12 @@ class PagedKVCache:
     ) -> torch.Tensor:
         """q [T, H, D], k/v [T, kvH, D] -> [T, H, D]: store the new K/V, attend causally per sequence
         as `how` says (default: every position, at head_dim ** -0.5), with `sinks` [H] where it has
-        them."""
+        them. k and v None: attend over the K/V a layer stored earlier in this step."""
         how = how or LayerAttention(self.scale)
         meta = self.step_metadata(batch)
-        self.k[layer].index_copy_(0, batch.slot_mapping, k)
-        self.v[layer].index_copy_(0, batch.slot_mapping, v)
+        if k is not None:
+            self.k[layer].index_copy_(0, batch.slot_mapping, k)
+            self.v[layer].index_copy_(0, batch.slot_mapping, v)
         if self._native_attention is not None:
             return self._native_attention(q, self.k[layer], self.v[layer], meta.query_start_loc, meta.seq_lens,
                                           meta.block_tables, self.block_size, meta.num_seqs, how.scale,

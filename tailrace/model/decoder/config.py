@@ -17,7 +17,7 @@ _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "
 _ENCODER_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 _MODERNBERT_ACTIVATIONS = {**_ACTIVATIONS, "gelu": "gelu"}  # its gated MLP's: GELU by erf (GeGLU)
 
-SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "yarn"}
+SUPPORTED_ROPE_TYPES = {"llama3", "linear", "longrope", "proportional", "yarn"}
 # Not a config.json's: each frequency divided by its stored factor, for a GGUF's rope_freqs that
 # no Llama 3 scaling gives (loading/gguf.py).
 _GGUF_ROPE_TYPES = {"freq_factors"}
@@ -115,9 +115,34 @@ class ModelConfig:
     # A mixture of experts' shared expert (an MLP of this width every token takes, times
     # sigmoid(shared_expert_gate(x))); 0: none
     shared_expert_intermediate_size: int = 0
+    # Per layer, its attention's shape (Gemma 4's full-attention layers have wider heads, and with
+    # attention_k_eq_v their own KV head count): its KV heads and head dim; an MLP's width (Gemma
+    # 4's KV-sharing layers may have double-wide MLPs).
+    layer_kv_heads: list[int] = field(default_factory=list)
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_intermediate_sizes: list[int] = field(default_factory=list)
+    # Per layer, the layer whose K/V it attends over: itself, or (Gemma 4's last
+    # num_kv_shared_layers) the last earlier layer of its type that stores its own; a layer
+    # reading another's projects only q and stores nothing.
+    layer_kv_source: list[int] = field(default_factory=list)
+    # Per layer: its values are its keys' projection, before the k norm (Gemma 4's
+    # attention_k_eq_v full-attention layers have no v_proj)
+    layer_values_are_keys: list[bool] = field(default_factory=list)
+    value_norm: bool = False  # V RMS-normed without a scale before it is stored (Gemma 4)
+    # Gemma 4's per-layer inputs: a second embedding table of per_layer_vocab_size rows, each
+    # layer's per_layer_input_size columns of it mixed with a projection of the embedding, which
+    # each layer gates into its residual stream after its MLP; 0: none
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    layer_scalars: bool = False  # each layer's output h times its checkpoint's layer_scalar (Gemma 4)
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
+        self.layer_kv_heads = self.layer_kv_heads or [self.num_key_value_heads] * layers
+        self.layer_head_dims = self.layer_head_dims or [self.head_dim] * layers
+        self.layer_intermediate_sizes = self.layer_intermediate_sizes or [self.intermediate_size] * layers
+        self.layer_kv_source = self.layer_kv_source or list(range(layers))
+        self.layer_values_are_keys = self.layer_values_are_keys or [False] * layers
         self.layer_mixers = self.layer_mixers or ["attention"] * layers
         self.layer_windows = self.layer_windows or [None] * layers
         self.layer_rope = self.layer_rope or ["global"] * layers
@@ -127,9 +152,29 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> list[int]:
-        """The layers that attend over the KV cache, in order: the i-th keeps its K/V in the
-        cache's layer i."""
-        return [i for i, mixer in enumerate(self.layer_mixers) if mixer == "attention"]
+        """The layers that store K/V, in order: the i-th keeps its K/V in the cache's layer i (a
+        layer reading another's K/V attends over that layer's)."""
+        return [i for i, mixer in enumerate(self.layer_mixers)
+                if mixer == "attention" and self.layer_kv_source[i] == i]
+
+    def attention_shape(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s KV heads and head dim."""
+        return self.layer_kv_heads[layer], self.layer_head_dims[layer]
+
+    @property
+    def uniform_attention(self) -> bool:
+        """Whether every layer's attention has the model's shape and keeps its own K/V: what the
+        one-call forward and the slot slab take."""
+        return (all(self.attention_shape(i) == (self.num_key_value_heads, self.head_dim)
+                    for i in range(self.num_hidden_layers))
+                and self.layer_kv_source == list(range(self.num_hidden_layers)))
+
+    def rope_head_dim(self, kind: str) -> int:
+        """The head dim of the layers rotary table `kind` turns (one per table)."""
+        dims = {self.layer_head_dims[i] for i, rope in enumerate(self.layer_rope) if rope == kind}
+        if len(dims) > 1:
+            raise ValueError(f"the layers of rotary table {kind!r} have head dims {sorted(dims)}")
+        return dims.pop() if dims else self.head_dim
 
     @property
     def gated_delta_layers(self) -> list[int]:
@@ -165,7 +210,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     rope_theta, rope_scaling, local_theta, rotary_fraction = _rope(raw, max_positions)
     experts = _experts(raw, entry, layers)
     window = raw.get("sliding_window")
-    bidirectional = bool(raw.get("use_bidirectional_attention"))  # EmbeddingGemma's decoder
+    # EmbeddingGemma's decoder ("all" in Gemma 4's; its "vision" is an image's own tokens, causal for text)
+    bidirectional = raw.get("use_bidirectional_attention") in (True, "all")
     if window is not None and bidirectional:
         window = window // 2 + 1  # a query sees keys less than this far on either side, as transformers sets it
     if window is not None and window >= max_positions:  # it never bites
@@ -184,7 +230,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rope_scaling=rope_scaling,
         max_position_embeddings=max_positions,
         # A base model (Qwen3Model) has no head of its own: it serves pooling, which reads no logits.
-        tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling),
+        tie_word_embeddings=headless or raw.get("tie_word_embeddings", entry.gemma_scaling or entry.gemma4),
         attention_bias=entry.qkv_bias_always or entry.encoder == "bert" or raw.get("attention_bias", False),
         qk_norm=entry.qk_norm,
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
@@ -196,7 +242,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         local_rope_theta=local_theta,
         rotary_dim=_rotary_dim(head_dim, rotary_fraction),
         hidden_act=experts.pop("hidden_act", activations[act]),
-        **(_family_features(raw, entry) | encoder | _linear_attention(raw, entry)
+        **(_family_features(raw, entry) | encoder | _linear_attention(raw, entry) | _gemma4_layers(raw, entry, layer_types)
            | ({"causal": False} if bidirectional else {})),
         **experts,
     )
@@ -226,6 +272,10 @@ def _family_features(raw: dict[str, Any], entry: registry.Architecture) -> dict[
                      "attention_scale": raw["query_pre_attn_scalar"] ** -0.5,
                      "attention_softcap": raw.get("attn_logit_softcapping"),
                      "final_logit_softcap": raw.get("final_logit_softcapping")}
+    if entry.gemma4:
+        features |= {"embedding_multiplier": raw["hidden_size"] ** 0.5, "attention_scale": 1.0,
+                     "final_logit_softcap": raw.get("final_logit_softcapping"), "value_norm": True,
+                     "layer_scalars": True}
     if entry.zero_centered_norms:
         features["norm_weight_offset"] = 1.0
     if entry.multipliers:
@@ -247,6 +297,46 @@ def _linear_attention(raw: dict[str, Any], entry: registry.Architecture) -> dict
             "linear_value_heads": value_heads, "linear_value_dim": raw.get("linear_value_head_dim", 128),
             "linear_conv_kernel": raw.get("linear_conv_kernel_dim", 4), "attention_output_gate": True,
             "value_heads_tiled": raw.get("value_heads_tiled", False)}  # loading/gguf.py's key
+
+
+def _gemma4_layers(raw: dict[str, Any], entry: registry.Architecture, layer_types: list[str]) -> dict[str, Any]:
+    """Gemma 4's per-layer shapes, as transformers resolves them: full-attention layers with
+    global_head_dim (512 where the config names none) and, with attention_k_eq_v, their values
+    their keys and num_global_key_value_heads KV heads, or whatever per_layer_config says of a
+    layer; the last num_kv_shared_layers layers attending over the K/V of the last earlier layer of
+    their type, with double-wide MLPs where use_double_wide_mlp says; per-layer inputs where
+    hidden_size_per_layer_input is set. A mixture-of-experts block beside the MLP is refused."""
+    if not entry.gemma4:
+        return {}
+    if raw.get("enable_moe_block"):
+        raise ValueError("unsupported Gemma 4 enable_moe_block: its experts beside the MLP (the 26B-A4B) are not "
+                         "served yet; the dense models (E2B, E4B, 31B) are")
+    layers, k_eq_v = raw["num_hidden_layers"], bool(raw.get("attention_k_eq_v"))
+    head_dim, kv_heads = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"], \
+        raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    overrides = {int(i): part for i, part in (raw.get("per_layer_config") or {}).items()}
+    if not overrides:
+        full = {"head_dim": raw.get("global_head_dim") or 512}
+        if k_eq_v and raw.get("num_global_key_value_heads"):
+            full["num_key_value_heads"] = raw["num_global_key_value_heads"]
+        overrides = {i: full for i, kind in enumerate(layer_types) if kind == "full_attention"}
+    dims = [overrides.get(i, {}).get("head_dim", head_dim) for i in range(layers)]
+    heads = [overrides.get(i, {}).get("num_key_value_heads", kv_heads) for i in range(layers)]
+    shared = raw.get("num_kv_shared_layers") or 0
+    first_shared, sources = layers - shared, list(range(layers))
+    for i in range(first_shared, layers):
+        stores = [j for j in range(first_shared) if layer_types[j] == layer_types[i]]
+        if not stores:
+            raise ValueError(f"Gemma 4 layer {i} shares the K/V of a {layer_types[i]} layer, and none stores its own")
+        sources[i] = stores[-1]
+    wide = 2 if raw.get("use_double_wide_mlp") else 1
+    inner = raw["intermediate_size"]
+    per_layer = raw.get("hidden_size_per_layer_input") or 0
+    return {"layer_head_dims": dims, "layer_kv_heads": heads, "layer_kv_source": sources,
+            "layer_values_are_keys": [k_eq_v and kind == "full_attention" for kind in layer_types],
+            "layer_intermediate_sizes": [inner * (wide if i >= first_shared else 1) for i in range(layers)],
+            "per_layer_input_size": per_layer,
+            "per_layer_vocab_size": raw.get("vocab_size_per_layer_input", raw["vocab_size"]) if per_layer else 0}
 
 
 def _encoder_features(raw: dict[str, Any], name: str, entry: registry.Architecture) -> dict[str, Any]:
@@ -379,6 +469,9 @@ def _rope(raw: dict[str, Any], max_positions: int) -> tuple[float, dict | None, 
         rope_type = "longrope"
     if rope_type == "default":
         return float(theta), None, local, fraction
+    if rope_type == "proportional":  # Gemma 4's: the pairs of the whole head, the slowest still (rope_inverse_frequencies)
+        return float(theta), {"rope_type": "proportional", "fraction": fraction,
+                              "factor": float(scaling.get("factor", 1.0))}, local, 1.0
     if rope_type not in SUPPORTED_ROPE_TYPES | _GGUF_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(sorted(SUPPORTED_ROPE_TYPES))}"

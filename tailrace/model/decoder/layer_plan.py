@@ -18,13 +18,17 @@ from tailrace.model.decoder.config import ModelConfig
 
 # read: x = norm(h), or h itself without a norm; attention: y = the attention of x (q/k/v, q/k
 # norms, rotary, the K/V stored, o_proj); feed_forward: y = the MLP or the mixture of experts of
-# x; norm_output: y = norm(y); scale: y = y * factor; add: h = h + y; norm_residual: h = norm(h)
-# (an encoder's, which the one-call forward does not run). Each product and sum is rounded to the
-# model's dtype once, as eager PyTorch rounds it.
-OPS = ("read", "attention", "feed_forward", "norm_output", "scale", "add", "norm_residual")
+# x; per_layer_input: y = per_layer_projection(act(per_layer_input_gate(x)) * the layer's
+# per-layer input) (Gemma 4's); norm_output: y = norm(y); scale: y = y * factor; add: h = h + y;
+# norm_residual: h = norm(h) (an encoder's); scale_residual: h = h * the layer's layer_scalar
+# (Gemma 4's). The one-call forward runs neither the encoder's nor Gemma 4's. Each product and sum
+# is rounded to the model's dtype once, as eager PyTorch rounds it.
+OPS = ("read", "attention", "feed_forward", "per_layer_input", "norm_output", "scale", "add", "norm_residual",
+       "scale_residual")
 
 # A layer's norms by the checkpoint's names, which a step names: RMSNorms over the hidden width
-NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+         "post_per_layer_input_norm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +55,8 @@ def layer_steps(config: ModelConfig, layer: int = 1) -> tuple[Step, ...]:
     """Layer `layer`'s steps: for the attention block and then the feed-forward block, its input
     read (normed or not: ModernBERT's first attention reads h as it is), the block, its output's
     norm where the style norms outputs, its output times the residual multiplier where there is
-    one (Granite), its output added to h, and h normed where the style norms the residual (BERT)."""
+    one (Granite), its output added to h, and h normed where the style norms the residual (BERT);
+    then Gemma 4's per-layer input, normed and added, and h times the layer's scalar."""
     steps: list[Step] = []
     unnormed_first = not config.first_layer_input_norm and layer == 0
     blocks = zip(("attention", "feed_forward"), _BLOCK_NORMS[config.norm_style], _RESIDUAL_NORMS)
@@ -66,6 +71,11 @@ def layer_steps(config: ModelConfig, layer: int = 1) -> tuple[Step, ...]:
         steps.append(Step("add"))
         if config.norm_style == "post_residual":
             steps.append(Step("norm_residual", residual_norm))
+    if config.per_layer_input_size:
+        steps += [Step("read"), Step("per_layer_input"), Step("norm_output", "post_per_layer_input_norm"),
+                  Step("add")]
+    if config.layer_scalars:
+        steps.append(Step("scale_residual"))
     return tuple(steps)
 
 
@@ -176,4 +186,12 @@ OUTSIDE_PLAN = {
     "value_heads_tiled": "a hybrid's: not in the one-call forward",
     "attention_output_gate": "a hybrid's gated attention: not in the one-call forward",
     "shared_expert_intermediate_size": "a hybrid's shared expert: not in the one-call forward",
+    # Gemma 4's forward runs module by module (backends refuses it the one-call forward).
+    "layer_kv_heads": "Gemma 4's per-layer shapes: not in the one-call forward",
+    "layer_head_dims": "Gemma 4's per-layer shapes: not in the one-call forward",
+    "layer_intermediate_sizes": "Gemma 4's double-wide MLPs: not in the one-call forward",
+    "layer_kv_source": "Gemma 4's shared K/V: not in the one-call forward",
+    "layer_values_are_keys": "Gemma 4's: not in the one-call forward",
+    "value_norm": "Gemma 4's: not in the one-call forward",
+    "per_layer_vocab_size": "Gemma 4's per-layer inputs: not in the one-call forward",
 }

@@ -72,11 +72,15 @@ class RMSNorm(Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The reference implementation's arithmetic: normalise in float32, scale after casting
-        # back. Spelled out, it measured faster on CPU than F.rms_norm (~10 ops in aten).
-        h = x.float()
-        h = h * (h * h).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        return self.weight * h.to(x.dtype)
+        # The reference implementation's arithmetic: normalise in float32, scale after casting back.
+        return self.weight * rms_normalize(x, self.eps)
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x RMS-normed over its last dim without a scale (alone: Gemma 4's V), in float32, rounded
+    once. Spelled out, it measured faster on CPU than F.rms_norm (~10 ops in aten)."""
+    h = x.float()
+    return (h * (h * h).mean(-1, keepdim=True).add_(eps).rsqrt_()).to(x.dtype)
 
 
 class LayerNorm(Module):
@@ -98,13 +102,25 @@ def make_norm(config: ModelConfig, dim: int, dtype: torch.dtype) -> RMSNorm | La
     return RMSNorm(dim, config.rms_norm_eps, dtype)
 
 
+def rotary_width(config: ModelConfig, kind: str) -> int:
+    """The dims of a head that table `kind` turns: a partial rotary's rotary_dim, else the whole
+    head of the layers it turns (Gemma 4's global layers' heads are wider than its local ones')."""
+    return config.rotary_dim if config.rotary_dim < config.head_dim else config.rope_head_dim(kind)
+
+
 def rope_inverse_frequencies(config: ModelConfig, kind: str = "global") -> torch.Tensor:
-    """Per-pair rotation frequencies [rotary_dim / 2], float32: the global table's with the configured
-    scaling, or the local one's (config.local_rope_theta, unscaled)."""
-    dim = config.rotary_dim
+    """Per-pair rotation frequencies [rotary_width / 2], float32: the global table's with the configured
+    scaling, or the local one's (config.local_rope_theta, unscaled). Proportional (Gemma 4's
+    global layers): the first `fraction` of the pairs at the whole head's frequencies, the rest
+    still (frequency 0: cos 1, sin 0)."""
+    dim = rotary_width(config, kind)
     theta = config.rope_theta if kind == "global" else config.local_rope_theta
-    powers = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     scaling = config.rope_scaling if kind == "global" else None
+    if scaling is not None and scaling["rope_type"] == "proportional":
+        turning = int(scaling["fraction"] * dim // 2)
+        inv_freq = 1.0 / theta ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / dim)
+        return F.pad(inv_freq, (0, dim // 2 - turning)) / scaling["factor"]
+    powers = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     if scaling is not None and scaling["rope_type"] == "longrope":
         factors = torch.tensor(scaling["long_factor" if scaling["long"] else "short_factor"], dtype=torch.float32)
         return 1.0 / (factors * powers)
@@ -169,7 +185,7 @@ class Rotary(Module):
         scaling = config.rope_scaling if kind == "global" else None
         if scaling is not None and "attention_factor" in scaling:
             cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
-        still = (config.head_dim - config.rotary_dim) // 2
+        still = (config.rope_head_dim(kind) - rotary_width(config, kind)) // 2
         cos = F.pad(cos, (0, still), value=1.0)
         sin = F.pad(sin, (0, still), value=0.0)
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
@@ -234,23 +250,32 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(Module):
     """Softmax attention over the KV cache. With an output gate (Qwen3-Next), the fused projection's
     rows are q, k, v, then the gate (q_proj's other half per head, loader.py): the output times
-    sigmoid(gate) goes to o_proj."""
+    sigmoid(gate) goes to o_proj. A layer reading another's K/V (Gemma 4's shared layers) projects
+    q alone and stores nothing; one whose values are its keys (Gemma 4's attention_k_eq_v)
+    projects q and k, its V the k rows before their norm."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.layer = config.attention_layers.index(layer)  # its layer of the KV cache
+        source = config.layer_kv_source[layer]
+        self.layer = config.attention_layers.index(source)  # the KV cache's layer it attends over
+        self.stores = source == layer
+        self.values_are_keys = config.layer_values_are_keys[layer]
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.num_kv_heads, self.head_dim = config.attention_shape(layer)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = [q_size + kv_size, kv_size] + ([q_size] if config.attention_output_gate else [])
-        self.qkv_proj = Linear(config.hidden_size, qkv_rows(config), config.attention_bias, dtype)
+        stored = (0 if not self.stores else kv_size if self.values_are_keys else 2 * kv_size)
+        # q (and k), then v where it is its own, then the output gate
+        self.gated = config.attention_output_gate
+        self.split = [q_size + min(stored, kv_size)] + ([kv_size] if stored == 2 * kv_size else []) + (
+            [q_size] if self.gated else [])
+        self.qkv_proj = Linear(config.hidden_size, sum(self.split), config.attention_bias, dtype)
         self.o_proj = Linear(q_size, config.hidden_size, config.attention_out_bias, dtype)
         # per head, or (OLMo 2) over all of q's and all of k's heads at once
         self.qk_norm_heads = config.qk_norm_over_heads
         q_width, k_width = (q_size, kv_size) if self.qk_norm_heads else (self.head_dim, self.head_dim)
         self.q_norm = RMSNorm(q_width, config.rms_norm_eps, dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(k_width, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.rms_norm_eps, dtype) if config.qk_norm and self.stores else None
+        self.v_eps = config.rms_norm_eps if config.value_norm else None
         self.rope = config.layer_rope[layer]  # which of the model's rotary tables, None for none
         self.how = LayerAttention(config.attention_scale, config.layer_windows[layer], config.attention_softcap,
                                   config.attention_sinks)
@@ -266,28 +291,37 @@ class Attention(Module):
         batch: AttentionBatch,
         cache: KVCache,
     ) -> torch.Tensor:
-        qk, v, *gate = self.qkv_proj(x).split(self.split, dim=-1)
-        qk = qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        parts = self.qkv_proj(x).split(self.split, dim=-1)
+        gate = parts[-1] if self.gated else None
+        kv_heads = self.num_kv_heads if self.stores else 0
+        qk = parts[0].reshape(-1, self.num_heads + kv_heads, self.head_dim)
+        v = None
+        if self.stores:
+            v = qk[:, self.num_heads:] if self.values_are_keys else parts[1].reshape(-1, kv_heads, self.head_dim)
+            if self.v_eps is not None:
+                v = rms_normalize(v, self.v_eps)
         if self.q_norm is not None:
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k = qk.split([self.num_heads, kv_heads], dim=1)
             if self.qk_norm_heads:
                 q = self.q_norm(q.reshape(q.shape[0], -1)).view(q.shape)
                 k = self.k_norm(k.reshape(k.shape[0], -1)).view(k.shape)
             else:
-                q, k = self.q_norm(q), self.k_norm(k)
+                q = self.q_norm(q)
+                k = self.k_norm(k) if kv_heads else k
             qk = torch.cat((q, k), dim=1)
         if self.rope is not None:
             # q and k heads rotate together: one set of elementwise ops instead of two
             qk = self.rotate(qk, *rotations[self.rope])
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        if cache.num_layers:
+        q, k = qk.split([self.num_heads, kv_heads], dim=1)
+        if not self.stores:  # attends over the K/V an earlier layer stored this step
+            out = cache.attend(self.layer, q, None, None, batch, self.how, self.sinks)
+        elif cache.num_layers:
             out = cache.attend(self.layer, q, k, v, batch, self.how, self.sinks)
         else:  # a cache keeping no K/V: each sequence runs whole in this step
             out = attend_whole(q, k, v, batch, self.how, self.causal)
         out = out.reshape(x.shape[0], -1)
-        if gate:
-            out = self.gate_mul(out, gate[0])
+        if gate is not None:
+            out = self.gate_mul(out, gate)
         return self.o_proj(out)
 
 
@@ -302,9 +336,8 @@ class GatedRMSNorm(Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        h = x.to(gate.dtype).float()
-        h = h * (h * h).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        return (self.weight * h.to(gate.dtype) * F.silu(gate.float())).to(gate.dtype).flatten(1)
+        normed = rms_normalize(x.to(gate.dtype), self.eps)
+        return (self.weight * normed * F.silu(gate.float())).to(gate.dtype).flatten(1)
 
 
 def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -404,9 +437,10 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximat
 class MLP(Module):
     """Gated (gate and up fused, the product of act(gate) and up), or (an encoder's) plain: act(up)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, inner: int | None = None) -> None:
         super().__init__()
-        width, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        width, bias = config.hidden_size, config.mlp_bias
+        inner = inner or config.intermediate_size
         self.act = config.hidden_act
         self.gated = config.mlp_gated
         if self.gated:
@@ -521,7 +555,15 @@ class DecoderLayer(Module):
         linear = config.layer_mixers[layer] == "gated_delta"
         self.self_attn = None if linear else Attention(config, layer, dtype)
         self.linear_attn = GatedDeltaNet(config, layer, dtype) if linear else None
-        self.mlp = MoE(config, dtype) if config.layer_moe[layer] else MLP(config, dtype)
+        self.mlp = (MoE(config, dtype) if config.layer_moe[layer]
+                    else MLP(config, dtype, config.layer_intermediate_sizes[layer]))
+        # Gemma 4's per-layer input, gated into h after the MLP, and the layer's output scalar
+        if config.per_layer_input_size:
+            self.per_layer_input_gate = Linear(config.hidden_size, config.per_layer_input_size, False, dtype)
+            self.per_layer_projection = Linear(config.per_layer_input_size, config.hidden_size, False, dtype)
+            self.per_layer_act = functools.partial(F.gelu, approximate="tanh") if config.hidden_act == "gelu_tanh" \
+                else F.silu
+        self.layer_scalar = _empty(1, dtype=dtype) if config.layer_scalars else None
 
     def forward(
         self,
@@ -529,7 +571,9 @@ class DecoderLayer(Module):
         rotations: dict[str, tuple[torch.Tensor, torch.Tensor]],
         batch: AttentionBatch,
         cache: KVCache,
+        per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`per_layer`: this layer's per-layer inputs [T, per_layer_input_size] (Gemma 4's)."""
         x = y = h
         for step in self.steps:
             op = step.op
@@ -546,6 +590,10 @@ class DecoderLayer(Module):
                 y = y * step.factor
             elif op == "add":
                 h = h + y
+            elif op == "per_layer_input":
+                y = self.per_layer_projection(self.per_layer_act(self.per_layer_input_gate(x)) * per_layer)
+            elif op == "scale_residual":
+                h = h * self.layer_scalar
             else:  # "norm_residual"
                 h = getattr(self, step.norm)(h)
         return h
@@ -575,6 +623,13 @@ class LlamaModel(nn.Module):
         # The embedding rows' multiplier (Gemma's sqrt(hidden)), rounded to the dtype as the reference does.
         self.embed_scale = None if config.embedding_multiplier == 1.0 else torch.tensor(config.embedding_multiplier,
                                                                                         dtype=dtype)
+        # Gemma 4's per-layer inputs: a table of every layer's, and a projection of the embedding
+        if config.per_layer_input_size:
+            width = config.num_hidden_layers * config.per_layer_input_size
+            self.embed_tokens_per_layer = Embedding(config.per_layer_vocab_size, width, dtype)
+            self.per_layer_model_projection = Linear(config.hidden_size, width, False, dtype)
+            self.per_layer_projection_norm = RMSNorm(config.per_layer_input_size, config.rms_norm_eps, dtype)
+            self.per_layer_embed_scale = torch.tensor(config.per_layer_input_size**0.5, dtype=dtype)
         # model/cpu/ops.py puts the whole forward in one kernel call here on CPU (FusedForward), for
         # the steps whose cache it `takes`
         self.fused_forward = None
@@ -711,11 +766,26 @@ class LlamaForCausalLM(nn.Module):
             h = self.model.embed_norm(h)
         rotations = {kind: getattr(self.model, name)(positions) for kind, name in ROTARY_MODULES.items()
                      if hasattr(self.model, name)}
-        for layer in self.model.layers:
-            h = layer(h, rotations, batch, cache)
+        if not self.config.per_layer_input_size:
+            for layer in self.model.layers:
+                h = layer(h, rotations, batch, cache)
+        else:
+            per_layer = self._per_layer_inputs(input_ids, h)
+            for index, layer in enumerate(self.model.layers):
+                h = layer(h, rotations, batch, cache, per_layer[:, index])
         if self.model.norm is not None:
             h = self.model.norm(h)
         return h
+
+    def _per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Gemma 4's per-layer inputs [T, layers, per_layer_input_size]: each token's rows of the
+        per-layer table (times sqrt(width), rounded to the dtype), and the scaled embedding h
+        projected (times hidden ** -0.5) and normed per layer, summed, times 2 ** -0.5."""
+        model, width = self.model, self.config.per_layer_input_size
+        table = model.embed_tokens_per_layer(input_ids) * model.per_layer_embed_scale
+        projected = model.per_layer_model_projection(h) * self.config.hidden_size**-0.5
+        projected = model.per_layer_projection_norm(projected.view(len(input_ids), -1, width))
+        return (projected + table.view(len(input_ids), -1, width)) * 2**-0.5
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,13 @@ _QWEN3_NEXT_GGUF_LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 
+# Gemma 4's: Gemma's sandwich norms; per-layer inputs (the model-wide per_layer_token_embd,
+# per_layer_model_proj and per_layer_proj_norm by their own names) and each layer's scalar.
+_GEMMA4_GGUF_LAYER_NAMES = {
+    **_GEMMA_GGUF_LAYER_NAMES, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm", "layer_output_scale.weight": "layer_scalar",
+}
+
 # Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
 # text_config names only what differs from Gemma3TextConfig's defaults, which these are.
 _GEMMA3_TEXT_DEFAULTS = {
@@ -117,6 +124,10 @@ class Architecture:
     # Gemma's: norms scale by 1 + weight, embedding rows by sqrt(hidden), the attention by
     # query_pre_attn_scalar, soft caps from the config, the embeddings tied unless it says otherwise.
     gemma_scaling: bool = False
+    # Gemma 4's: plain norm weights, embedding rows by sqrt(hidden), attention at scale 1 over
+    # RMS-normed V, layer scalars, and (config.py's _gemma4_layers) per-layer shapes, shared K/V
+    # and per-layer inputs; the embeddings tied unless the config says otherwise.
+    gemma4: bool = False
     multipliers: bool = False  # Granite's embedding, residual, attention and logit multipliers
     attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
     moe: str = ""  # "": dense; "qwen3_moe", "qwen3_next", "mixtral" or "gpt_oss": how config.py reads its experts
@@ -174,6 +185,9 @@ ARCHITECTURES = (
                  norm_style="sandwich", gemma_scaling=True, sliding_period=6, gguf_arch="gemma3",
                  gguf_embedding_arch="gemma-embedding", gguf_layer_names=_GEMMA_GGUF_LAYER_NAMES,
                  gguf_largest_layers=62, gguf_local_rope=True),
+    Architecture("Gemma4ForCausalLM", ("gemma4_text",), image_text_name="Gemma4ForConditionalGeneration",
+                 base_name="Gemma4TextModel", bias_flag_covers_out=True, qk_norm=True, norm_style="sandwich",
+                 gemma4=True, sliding_period=6, gguf_arch="gemma4", gguf_layer_names=_GEMMA4_GGUF_LAYER_NAMES),
     Architecture("Phi3ForCausalLM", ("phi3",), stored_fused=True, gguf_arch="phi3",
                  gguf_layer_names=_PHI3_GGUF_LAYER_NAMES, gguf_partial_rotary=True),
     Architecture("Qwen3MoeForCausalLM", ("qwen3_moe",), bias_flag_covers_out=True, qk_norm=True, moe="qwen3_moe",

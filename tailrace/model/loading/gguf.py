@@ -36,6 +36,10 @@ _GLOBAL_NAMES = {
     "token_embd_norm": "model.embed_norm",
     "output_norm": "model.norm",
     "output": "lm_head",
+    # Gemma 4's per-layer inputs
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
 # An embedding model's Dense modules after pooling, in order, as llama.cpp's converter names them
 # (--sentence-transformers-dense-modules: EmbeddingGemma's 2_Dense and 3_Dense, without biases)
@@ -70,7 +74,7 @@ def config_dict(reader: GgufFile) -> dict[str, Any]:
     entry = registry.gguf_architecture(arch, bool(experts))
     # an embedding model's base model attends both ways (EmbeddingGemma's: Gemma3TextModel)
     embedding = {"use_bidirectional_attention": True} if arch == entry.gguf_embedding_arch else {}
-    return {**_architecture_config(entry, value, tensors), **experts, **embedding, **{
+    return {**experts, **embedding, **{
         "architectures": [entry.base_name if embedding else entry.name],
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),
         "hidden_size": hidden,
@@ -87,7 +91,7 @@ def config_dict(reader: GgufFile) -> dict[str, Any]:
         "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id", None),
         "eos_token_id": list(dict.fromkeys(i for i in eos if i is not None)),
         "torch_dtype": _stored_dtype(reader),
-    }}
+    }, **_architecture_config(entry, value, tensors)}
 
 
 def _stored_dtype(reader: GgufFile) -> str:
@@ -134,6 +138,8 @@ def _architecture_config(entry: registry.Architecture, value: Any, tensors: dict
                    "sliding_window": value("attention.sliding_window", 0) or None}
     if entry.gemma_scaling:
         config |= _gemma_config(entry, value)
+    elif entry.gemma4:
+        config |= _gemma4_config(value, tensors)
     elif entry.sliding_period:  # llama.cpp's rules: layer 0 sliding, then every other
         layers = value("block_count")
         config |= {"sliding_window": value("attention.sliding_window"),
@@ -204,8 +210,46 @@ def _gemma_config(entry: registry.Architecture, value: Any) -> dict[str, Any]:
     return config
 
 
+def _gemma4_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, Any]:
+    """Gemma 4's, as llama.cpp's converter writes it and gemma4.cpp reads it: per-layer arrays of
+    KV heads and MLP widths (double-wide ones twice the narrowest), the global layers' head dim as
+    key_length and the sliding ones' as key_length_swa, values that are keys where a global layer
+    has no attn_v, the proportional rope of the global layers as rope_freqs (1 for a pair that
+    turns, 1e30 for one that stays), per-layer inputs."""
+    layers = value("block_count")
+    sliding = [bool(s) for s in value("attention.sliding_window_pattern")]
+    heads_kv, widths = value("attention.head_count_kv"), value("feed_forward_length")
+    heads_kv = heads_kv if isinstance(heads_kv, list) else [heads_kv] * layers
+    widths = widths if isinstance(widths, list) else [widths] * layers
+    shared = value("attention.shared_kv_layers", 0)
+    global_dim, local_dim = value("attention.key_length"), value("attention.key_length_swa")
+    full = [i for i in range(layers) if not sliding[i]]
+    storing = [i for i in full if i < layers - shared]
+    turning = int((np.array(tensors[_ROPE_FREQS].data, dtype=np.float32) == 1.0).sum())
+    config = {
+        "hidden_activation": "gelu_pytorch_tanh", "sliding_window": value("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "head_dim": local_dim, "num_key_value_heads": heads_kv[sliding.index(True)] if any(sliding) else heads_kv[0],
+        "per_layer_config": {str(i): {"head_dim": global_dim, "num_key_value_heads": heads_kv[i]} for i in full},
+        "attention_k_eq_v": bool(storing) and f"blk.{storing[0]}.attn_v.weight" not in tensors,
+        "num_kv_shared_layers": shared, "intermediate_size": min(widths),
+        "use_double_wide_mlp": max(widths) == 2 * min(widths),
+        "hidden_size_per_layer_input": value("embedding_length_per_layer_input", 0),
+        "final_logit_softcapping": value("final_logit_softcapping", None),
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "rope_theta": value("rope.freq_base"),
+                               "partial_rotary_factor": 2 * turning / global_dim},
+            "sliding_attention": {"rope_type": "default", "rope_theta": value("rope.freq_base_swa", 10000.0)}},
+    }
+    if "per_layer_token_embd.weight" in tensors:
+        config["vocab_size_per_layer_input"] = int(tensors["per_layer_token_embd.weight"].shape[1])
+    return config
+
+
 def _rope_scaling(reader: GgufFile, arch: str, entry: registry.Architecture,
                   tensors: dict[str, ReaderTensor]) -> dict | None:
+    if entry.gemma4:  # its rope_freqs are the global layers' proportional rope (_gemma4_config)
+        return None
     if _ROPE_FREQS in tensors:
         return _llama3_scaling(reader, arch, torch.from_numpy(np.array(tensors[_ROPE_FREQS].data, dtype=np.float32)))
     if all(name in tensors for name in _LONGROPE_FACTORS):  # Phi-3's LongRoPE, its factors as tensors
@@ -243,7 +287,8 @@ def _llama3_scaling(reader: GgufFile, arch: str, rope_freqs: torch.Tensor) -> di
 
     def frequencies(scaling: dict | None) -> torch.Tensor:
         rope = SimpleNamespace(head_dim=2 * rope_freqs.numel(), rotary_dim=2 * rope_freqs.numel(), rope_scaling=scaling,
-                               rope_theta=metadata(reader, f"{arch}.rope.freq_base", 10000.0))
+                               rope_theta=metadata(reader, f"{arch}.rope.freq_base", 10000.0),
+                               rope_head_dim=lambda kind: 2 * rope_freqs.numel())
         return rope_inverse_frequencies(rope)  # type: ignore[arg-type]
 
     wanted = frequencies(None) / rope_freqs

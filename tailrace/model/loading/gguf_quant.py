@@ -112,6 +112,8 @@ def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockPr
                     found += _expert_projections(parent, i, tensors)
                 continue
             order = orders.get(name)
+            if name == "qkv_proj":  # Gemma 4's: q alone where a layer reads another's K/V, no v where v is k
+                parts = parts[:1 if not parent.stores else 2 if parent.values_are_keys else 3]
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
                 parts = _FUSED_TENSORS[name]  # Phi-3's, Qwen3-Next's
                 order = _grouped_ba_order(config) if name == "in_proj" else order

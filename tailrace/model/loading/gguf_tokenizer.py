@@ -1,7 +1,8 @@
 """A Hugging Face `tokenizers.Tokenizer` rebuilt from a GGUF file's tokenizer.ggml.* metadata.
 
-Four vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
-its tokenizer.ggml.pre names), "llama" (SentencePiece: ▁-marked pieces with scores, turned into
+Five vocabularies: "gpt2" (byte-level BPE: tokens and merges, split before merging by the regexes
+its tokenizer.ggml.pre names), "gemma4" (BPE over UTF-8 with byte fallback, spaces as ▁, split
+only at runs of newlines, as llama.cpp's gemma4 pre-tokenizer does), "llama" (SentencePiece: ▁-marked pieces with scores, turned into
 BPE with byte fallback and merges ranked by score, as transformers' LlamaConverter does), "bert"
 (WordPiece, word-initial pieces marked ▁ where BERT's own vocabulary marks the others ##; BERT's
 normalizer and pre-tokenizer, [CLS] and [SEP] around a text and between a pair's two, as
@@ -94,13 +95,15 @@ def build_tokenizer(reader: GgufFile) -> Tokenizer:
         tokenizer = _sentencepiece(tokens, metadata(reader, "tokenizer.ggml.scores"),
                                    None if unk is None else tokens[unk],
                                    metadata(reader, "tokenizer.ggml.add_space_prefix", True))
+    elif kind == "gemma4":
+        tokenizer = _gemma4(tokens, metadata(reader, "tokenizer.ggml.merges"))
     elif kind == "bert":
         tokenizer = _wordpiece(reader, tokens, types)
     elif kind == "t5":
         tokenizer = _unigram(reader, tokens, types)
     else:
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r}; supported: gpt2 (byte-level BPE), "
-                         "llama (SentencePiece), bert (WordPiece), t5 (Unigram)")
+                         "gemma4 (BPE with byte fallback), llama (SentencePiece), bert (WordPiece), t5 (Unigram)")
     # Control tokens (<|im_end|>, <s>) are special; user-defined ones (<think>) are matched whole but
     # are text. Both keep their ids: they are already in the vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -136,6 +139,16 @@ def _sentencepiece(tokens: list[str], scores: list[float], unk: str | None, add_
     if add_space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))  # the space the normalizer put before the text
     tokenizer.decoder = decoders.Sequence(steps)
+    return tokenizer
+
+
+def _gemma4(tokens: list[str], merges: list[str]) -> Tokenizer:
+    # a merge is split at its first space after its first character, as llama.cpp splits it
+    pairs = [(merge[:cut], merge[cut + 1:]) for merge in merges if (cut := merge.find(" ", 1)) > 0]
+    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", _SPACE)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     return tokenizer
 
 

@@ -20,8 +20,8 @@ from tailrace.model.decoder import registry
 from tailrace.heap import release_freed
 from tailrace.logs import timed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
-from tailrace.model.decoder.llama import (GatedDeltaNet, GatedRMSNorm, LayerNorm, Linear, LlamaForCausalLM,
-                                          PooledDense, RMSNorm, in_proj_split, reorder_rotary_dims)
+from tailrace.model.decoder.llama import (DecoderLayer, GatedDeltaNet, GatedRMSNorm, LayerNorm, Linear,
+                                          LlamaForCausalLM, PooledDense, RMSNorm, in_proj_split, reorder_rotary_dims)
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_quant import block_projections, lookup_table, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
@@ -260,6 +260,8 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | N
             module.A.fill_(-1.0)
         if isinstance(module, (RMSNorm, LayerNorm, GatedRMSNorm)):
             module.weight.fill_(1.0)
+        if isinstance(module, DecoderLayer) and module.layer_scalar is not None:
+            module.layer_scalar.fill_(1.0)
         if isinstance(module, LayerNorm) and module.bias is not None:
             module.bias.zero_()
         elif quantization is not None and type(module) is Linear:
@@ -285,12 +287,12 @@ def checkpoint_shapes(model: LlamaForCausalLM) -> dict[str, tuple[int, ...]]:
         if name.endswith(".linear_attn.A"):  # stored as A_log (_linear_attention_tensors)
             shapes[f"{name}_log"] = tuple(param.shape)
             continue
-        parts = _fused_parts(name)
+        parts = _fused_parts(name, model.config)
         if not parts or fused_stored:
             shapes[name] = tuple(param.shape)
             continue
         for part_name, fused, index in parts:
-            shapes[part_name] = (_part_rows(fused, index, model.config, param)[1], *param.shape[1:])
+            shapes[part_name] = (_part_rows(fused, index, model.config, param, _layer_of(name))[1], *param.shape[1:])
     return shapes
 
 
@@ -364,7 +366,8 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     model dtype; each norm's weight first has `norm_offset` added (in float32). The `supplied`
     parameters come from elsewhere (GGUF blocks): neither read nor missing."""
     params = dict(model.named_parameters())
-    sources = {name: options for name, options in _checkpoint_names(params).items() if name not in supplied}
+    sources = {name: options for name, options in _checkpoint_names(params, model.config).items()
+               if name not in supplied}
     expected = {name for options in sources.values() for names in options for name in names}
     loaded: set[str] = set()
     unexpected: list[str] = []
@@ -390,23 +393,36 @@ def load_tensors(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         )
 
 
-def _checkpoint_names(params: dict[str, torch.nn.Parameter]) -> dict[str, list[list[str]]]:
+def _checkpoint_names(params: dict[str, torch.nn.Parameter], config: ModelConfig) -> dict[str, list[list[str]]]:
     """For each parameter, the sets of checkpoint tensors it may come from: itself, or for a fused
     projection also its parts (listed last: what a missing parameter is reported as)."""
     sources = {}
     for name in params:
-        parts = [part_name for part_name, _, _ in _fused_parts(name)]
+        parts = [part_name for part_name, _, _ in _fused_parts(name, config)]
         sources[name] = [[name], parts] if parts else [[name]]
     return sources
 
 
-def _fused_parts(name: str) -> list[tuple[str, str, int]]:
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _layer_of(name: str) -> int | None:
+    found = _LAYER.search(name)
+    return None if found is None else int(found.group(1))
+
+
+def _fused_parts(name: str, config: ModelConfig) -> list[tuple[str, str, int]]:
     """For a fused projection's parameter (qkv_proj, gate_up_proj), each part's checkpoint name,
-    the projection and the part's index in it; [] for any other parameter."""
+    the projection and the part's index in it; [] for any other parameter. A layer reading
+    another's K/V has q_proj alone, one whose values are its keys q_proj and k_proj (Gemma 4's)."""
     module, _, kind = name.rpartition(".")
     prefix, _, projection = module.rpartition(".")
-    return [(f"{prefix}.{part}.{kind}", fused, index) for part, (fused, index) in _FUSED_PARTS.items()
-            if fused == projection]
+    parts = [(f"{prefix}.{part}.{kind}", fused, index) for part, (fused, index) in _FUSED_PARTS.items()
+             if fused == projection]
+    layer = _layer_of(name)
+    if projection == "qkv_proj" and layer is not None and layer < config.num_hidden_layers:
+        parts = parts[:1 if config.layer_kv_source[layer] != layer else 2 if config.layer_values_are_keys[layer] else 3]
+    return parts
 
 
 def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
@@ -554,7 +570,7 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
     if projection in _FUSED_PARTS and name not in params:  # an ungated MLP's up_proj is its own
         fused, part = _FUSED_PARTS[projection]
         target = params[f"{prefix}.{fused}.{kind}"]
-        start, size = _part_rows(fused, part, config, target)
+        start, size = _part_rows(fused, part, config, target, _layer_of(name))
         target = target.narrow(0, start, size)
     else:
         target = params[name]
@@ -563,21 +579,23 @@ def _copy_into(params: dict[str, torch.nn.Parameter], name: str, tensor: torch.T
     target.copy_(tensor)
 
 
-_IMAGE_PARTS = {"vision_tower", "multi_modal_projector", "visual"}
+_IMAGE_PARTS = {"vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio"}
 _STACKED_EXPERTS = {"gate_up_proj": "gate_up_proj.weight", "down_proj": "down_proj.weight",
                     "gate_up_proj_bias": "gate_up_proj.bias", "down_proj_bias": "down_proj.bias"}
 
 
-def _part_rows(fused: str, part: int, config: ModelConfig, target: torch.Tensor) -> tuple[int, int]:
-    """(first row, rows) of one part inside a fused projection's output dimension (`target`)."""
+def _part_rows(fused: str, part: int, config: ModelConfig, target: torch.Tensor,
+               layer: int | None = None) -> tuple[int, int]:
+    """(first row, rows) of one part inside a fused projection's output dimension (`target`, of
+    layer `layer`)."""
     if fused == "gate_up_proj":  # halves: an MLP's or an expert's
         half = target.shape[0] // 2
         return part * half, half
     if fused == "in_proj":  # Gated DeltaNet's: q/k/v, z, b, a
         sizes = in_proj_split(config)
         return sum(sizes[:part]), sizes[part]
-    q_size = config.num_attention_heads * config.head_dim
-    kv_size = config.num_key_value_heads * config.head_dim
+    kv_heads, dim = (config.num_key_value_heads, config.head_dim) if layer is None else config.attention_shape(layer)
+    q_size, kv_size = config.num_attention_heads * dim, kv_heads * dim
     if part == 0 and config.attention_output_gate:  # q_proj holds each head's gate too (_copy_into)
         return 0, 2 * q_size
     return [(0, q_size), (q_size, kv_size), (q_size + kv_size, kv_size)][part]

@@ -46,6 +46,8 @@ def check_shardable(config: ModelConfig, size: int) -> None:
     unsplit = {"a mixture of experts": config.num_experts > 0,
                "q/k norms over all heads at once": config.qk_norm_over_heads,
                "Gated DeltaNet layers": bool(config.gated_delta_layers),
+               "per-layer attention shapes, shared K/V or per-layer inputs (Gemma 4's)":
+                   not config.uniform_attention or config.per_layer_input_size > 0,
                "q/k/v and gate/up stored fused": registry.architecture(config.architecture).stored_fused}
     for what, present in unsplit.items():
         if present and size > 1:

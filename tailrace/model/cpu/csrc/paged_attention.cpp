@@ -291,7 +291,8 @@ void attend_some(const PagedAttention<T>& p, int64_t count, int64_t row, int64_t
 }
 
 // Every query head of KV head `kv_head` for one row, up to kMaxGroup at a time; head_dim 32, 64
-// and 128 (the embedded model's and the common ones) compiled for their size.
+// and 128 (the embedded model's and the common ones) and 512 (Gemma 4's global layers, past what
+// the worked-out path's arrays hold) compiled for their size.
 template <typename T, bool Native>
 void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int64_t seq, int64_t last,
                   std::vector<float>& scores) {
@@ -305,6 +306,8 @@ void attend_heads(const PagedAttention<T>& p, int64_t row, int64_t kv_head, int6
             attend_some<T, Native, 64 / width>(p, count, row, head, kv_head, seq, last, scores);
         else if (p.dim == 128)
             attend_some<T, Native, 128 / width>(p, count, row, head, kv_head, seq, last, scores);
+        else if (p.dim == 512)
+            attend_some<T, Native, 512 / width>(p, count, row, head, kv_head, seq, last, scores);
         else
             attend_some<T, Native, 0>(p, count, row, head, kv_head, seq, last, scores);
     }
@@ -326,7 +329,7 @@ torch::Tensor paged_attention(const torch::Tensor& q_any, const torch::Tensor& k
     TORCH_CHECK(q.scalar_type() == k_pages.scalar_type() && q.scalar_type() == v_pages.scalar_type(),
                 "q and the pages must share a dtype");
     const int64_t dim = q.size(2);
-    TORCH_CHECK(dim % kLanes == 0 && dim <= 256, "head_dim must be a multiple of 16, at most 256");
+    TORCH_CHECK(dim % kLanes == 0 && (dim <= 256 || dim == 512), "head_dim must be a multiple of 16 up to 256, or 512");
     TORCH_CHECK(q.size(1) % k_pages.size(1) == 0, "query heads must be a multiple of KV heads");
     TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
                 block_tables.scalar_type() == torch::kInt32, "metadata must be int32");

@@ -1,8 +1,9 @@
-"""A hybrid model (Qwen3.5: Gated DeltaNet layers beside attention) through the engine: its
-per-sequence states kept in the state cache beside the paged KV, the answers transformers' and
-the same bits however the engine schedules them (other sequences in the batch, prompts split into
-chunks, sequences preempted and computed again, prompts that start from a cached prefix and its
-kept state)."""
+"""The newest families through the engine: a hybrid (Qwen3.5: Gated DeltaNet layers beside
+attention, their per-sequence states kept in the state cache beside the paged KV) and Gemma 4
+(layers of two attention shapes, the last ones attending over earlier layers' K/V, per-layer
+inputs). Their answers are transformers' and the same bits however the engine schedules them
+(other sequences in the batch, prompts split into chunks, sequences preempted and computed again,
+prompts that start from a cached prefix and, for the hybrid, its kept state)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,41 @@ PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 128, 64, 11, 250, 33, 12, 9, 40, 41, 42, 4
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
-    directory = tmp_path_factory.mktemp("qwen3_5")
+SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+             max_position_embeddings=2048, initializer_range=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+FAMILIES = {
+    "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM,
+                dict(num_hidden_layers=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+                     linear_num_value_heads=4)),
+    # layers 2 and 5 global (heads twice as wide, their values their keys, one KV head), the rest
+    # sliding over 8 positions; layers 4 and 5 attend over layers 3's and 2's K/V with double-wide
+    # MLPs; per-layer inputs of 16; logits soft-capped
+    "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM,
+               dict(num_hidden_layers=6, global_head_dim=64, attention_k_eq_v=True, num_global_key_value_heads=1,
+                    num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=16,
+                    sliding_window=8, final_logit_softcapping=30.0,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def checkpoint(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
+    config_class, model_class, extra = FAMILIES[request.param]
+    directory = tmp_path_factory.mktemp(request.param)
     save_byte_level(directory)
     vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
-    config = transformers.Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, intermediate_size=128, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, max_position_embeddings=2048, initializer_range=0.1, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2)
+    if request.param == "gemma4":
+        extra = {**extra, "vocab_size_per_layer_input": vocab}
+    config = config_class(vocab_size=vocab, **SHAPE, **extra)
     torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(config).float().eval()
+    model = model_class(config).float().eval()
+    with torch.no_grad():  # norms and layer scalars away from 1, where a misplaced one shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.uniform_(0.5, 1.5)
     model.save_pretrained(directory)
     return directory, model
 
@@ -74,9 +98,9 @@ def test_answers_are_the_same_bits_however_scheduled(checkpoint):
 
 @pytest.mark.skipif(kernels() is None, reason="bit-for-bit sameness is the CPU kernels' (PyTorch's ops round by shape)")
 def test_a_cached_prefix_and_its_kept_state_give_the_same_bits(checkpoint):
-    """A 1,000-token shared prefix: the second prompt starts from the first's cached blocks and
-    the state kept at the last block boundary inside its prefill; a follow-up turn (the first
-    prompt, its answer and more) from the state kept at a boundary its decoding passed."""
+    """A 1,000-token shared prefix: the second prompt starts from the first's cached blocks (and a
+    hybrid's state kept at the last block boundary inside its prefill); a follow-up turn (the
+    first prompt, its answer and more) from the blocks (and state) of a boundary its decoding passed."""
     path, _ = checkpoint
     shared = [(i * 37 + 11) % 400 for i in range(1000)]
     first, second = shared + [5, 6, 7, 8, 9], shared + [70, 71, 72]
