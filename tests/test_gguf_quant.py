@@ -402,6 +402,28 @@ def test_a_hybrids_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_pat
         assert _relative_error(modules[path_name](x), float_modules[path_name](x)) < BF16_RTOL, path_name
 
 
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_moe"])
+def test_gemma4s_projections_take_their_rows_from_llama_cpps_q8_0_file(tmp_path, llamacpp_tree, name) -> None:
+    """Gemma 4's qkv_proj stacks q alone where a layer reads another's K/V and q and k where its
+    values are its keys; the 26B-A4B's experts beside the MLP come from one stacked tensor of gate
+    and up: each agrees with the dequantizing loader's."""
+    from e2e.test_architectures import save_checkpoint
+
+    save_checkpoint(tmp_path / name, name)
+    path = tmp_path / f"{name}-q8_0.gguf"
+    subprocess.run(convert_command(llamacpp_tree, tmp_path / name, "q8_0", path), check=True, capture_output=True)
+    model, _ = load_model(str(path), dtype="float32", quantization="int8")
+    floats, _ = load_model(str(path), dtype="float32")
+    served = ({"model.layers.1.moe.experts.2.gate_up_proj", "model.layers.1.moe.experts.3.down_proj",
+               "model.layers.1.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"} if name == "gemma4_moe" else
+              {"model.layers.2.self_attn.qkv_proj", "model.layers.4.self_attn.qkv_proj", "model.layers.5.mlp.down_proj"})
+    modules, float_modules = dict(model.named_modules()), dict(floats.named_modules())
+    for path_name in sorted(served):
+        assert type(modules[path_name]).__name__.startswith("Int"), path_name
+        x = torch.randn(3, float_modules[path_name].weight.shape[1]).to(torch.bfloat16).float()
+        assert _relative_error(modules[path_name](x), float_modules[path_name](x)) < BF16_RTOL, path_name
+
+
 @needs_kernel
 def test_gpt_oss_experts_take_their_mxfp4_blocks_from_llama_cpps_file(tmp_path, llamacpp_tree) -> None:
     """llama.cpp's converter repacks gpt-oss's MXFP4 experts into ggml's MXFP4 blocks; each

@@ -261,9 +261,15 @@ def test_gemma4_proportional_rope_turns_the_head_pairs_transformers_turns():
     assert torch.equal(ours, theirs)
 
 
-def test_gemma4s_experts_beside_the_mlp_are_refused_by_name():
-    with pytest.raises(ValueError, match="unsupported Gemma 4 enable_moe_block"):
-        parse_model_config({**GEMMA4, "text_config": {**GEMMA4["text_config"], "enable_moe_block": True}})
+def test_gemma4s_experts_run_beside_every_layers_mlp_with_float32_weights():
+    text = {**GEMMA4["text_config"], "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8,
+            "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0}
+    config = parse_model_config({**GEMMA4, "text_config": text})
+    assert config.experts_beside_mlp and config.layer_moe == [True] * 10
+    assert (config.num_experts, config.experts_per_token, config.moe_intermediate_size) == (128, 8, 704)
+    assert config.norm_topk_prob and config.router_float32 and config.per_layer_input_size == 0
+    dense = parse_model_config({**GEMMA4, "text_config": {**text, "enable_moe_block": False}})
+    assert not dense.experts_beside_mlp and dense.layer_moe == [False] * 10
 
 
 def test_bidirectional_attention_for_vision_tokens_leaves_text_causal():

@@ -89,7 +89,8 @@ SHAPES = {shape.name: shape for shape in (
           extra={"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "global_head_dim": 512,
                  "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "sliding_window": 512,
                  "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144,
-                 "final_logit_softcapping": 30.0, "attention_k_eq_v": False,
+                 "final_logit_softcapping": 30.0, "attention_k_eq_v": False, "enable_moe_block": False,
+                 "num_experts": None, "top_k_experts": None, "moe_intermediate_size": None,  # as released (llama.cpp's converter reads them)
                  "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(35)]}),
     # Qwen/Qwen3.5-0.8B's text model: 18 Gated DeltaNet layers (16 q/k and 16 value heads of 128)
     # and 6 gated attention layers (8 heads of 256 over 2 KV heads, a quarter of each turning)

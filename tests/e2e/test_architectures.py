@@ -101,6 +101,12 @@ ARCHITECTURES = {
                     num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=16,
                     sliding_window=WINDOW, final_logit_softcapping=3.0,
                     layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)),
+    # Gemma 4 26B-A4B's layout: experts beside each layer's MLP, no per-layer inputs
+    "gemma4_moe": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM,
+                   dict(num_hidden_layers=2, global_head_dim=64, attention_k_eq_v=True, num_global_key_value_heads=1,
+                        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64,
+                        hidden_size_per_layer_input=0, sliding_window=WINDOW, final_logit_softcapping=3.0,
+                        layer_types=["sliding_attention", "full_attention"])),
 }
 SERVE_ARGS = {"phi3": ["--max-model-len", "128"]}
 PROMPTS = [
@@ -123,14 +129,14 @@ def save_checkpoint(directory: Path, name: str) -> transformers.PreTrainedModel:
     """A random `name` model with a byte-level tokenizer, norms and biases drawn too (defaults of
     0 or 1 would hide a loading mistake); the model, in float32, as transformers runs it."""
     config_class, model_class, extra = ARCHITECTURES[name]
-    if name == "gemma4":  # llama.cpp's converter takes Gemma 4's BPE with byte fallback, not byte-level BPE
+    if name.startswith("gemma4"):  # llama.cpp's converter takes Gemma 4's BPE with byte fallback, not byte-level BPE
         save_sentencepiece_like(directory)
     else:
         save_byte_level(directory)
     # transformers 5 (which llama.cpp's converter loads the tokenizer with) takes a special token
     # as a string or an AddedToken, not the plain dict older configs hold
     settings = json.loads((directory / "tokenizer_config.json").read_text())
-    if name != "gemma4":  # its tokenizer's own </s> is a string already
+    if not name.startswith("gemma4"):  # its tokenizer's own </s> is a string already
         settings["eos_token"] = IM_END
     if name == "phi3":  # what llama.cpp's converter takes for a byte-level BPE Phi-3 (Phi-4's)
         settings["tokenizer_class"] = "GPT2Tokenizer"
@@ -146,7 +152,8 @@ def save_checkpoint(directory: Path, name: str) -> transformers.PreTrainedModel:
     model = model_class(config).float().eval()
     with torch.no_grad():
         for param_name, param in model.named_parameters():
-            if "norm" in param_name:  # Gemma 2's and 3's store their scales less 1
+            if "norm" in param_name or param_name.endswith(("router.scale", "per_expert_scale")):
+                # Gemma 2's and 3's norms store their scales less 1
                 param.uniform_(-0.5, 0.5) if name in ("gemma2", "gemma3") else param.uniform_(0.5, 1.5)
             elif param_name.endswith(("bias", "sinks")):
                 param.normal_(0.0, 0.1 if param_name.endswith("bias") else 1.0)

@@ -135,6 +135,10 @@ class ModelConfig:
     per_layer_input_size: int = 0
     per_layer_vocab_size: int = 0
     layer_scalars: bool = False  # each layer's output h times its checkpoint's layer_scalar (Gemma 4)
+    # Gemma 4's (26B-A4B): a layer's experts run beside its dense MLP, each on h through its own
+    # norms, their outputs summed; the router reads h RMS-normed times a learned scale and
+    # hidden ** -0.5, and each expert's weight is times its learned scale
+    experts_beside_mlp: bool = False
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
@@ -305,12 +309,9 @@ def _gemma4_layers(raw: dict[str, Any], entry: registry.Architecture, layer_type
     their keys and num_global_key_value_heads KV heads, or whatever per_layer_config says of a
     layer; the last num_kv_shared_layers layers attending over the K/V of the last earlier layer of
     their type, with double-wide MLPs where use_double_wide_mlp says; per-layer inputs where
-    hidden_size_per_layer_input is set. A mixture-of-experts block beside the MLP is refused."""
+    hidden_size_per_layer_input is set."""
     if not entry.gemma4:
         return {}
-    if raw.get("enable_moe_block"):
-        raise ValueError("unsupported Gemma 4 enable_moe_block: its experts beside the MLP (the 26B-A4B) are not "
-                         "served yet; the dense models (E2B, E4B, 31B) are")
     layers, k_eq_v = raw["num_hidden_layers"], bool(raw.get("attention_k_eq_v"))
     head_dim, kv_heads = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"], \
         raw.get("num_key_value_heads") or raw["num_attention_heads"]
@@ -496,11 +497,11 @@ def _experts(raw: dict[str, Any], entry: registry.Architecture, layers: int) -> 
     """The MoE fields: Qwen3-MoE's layers are sparse but for mlp_only_layers, every
     decoder_sparse_step-th; Mixtral's are all sparse and always renormalise their top k;
     Qwen3-Next's and Qwen3.5's are Qwen3-MoE's with a shared expert, renormalised unless the
-    config says not."""
+    config says not; Gemma 4's (enable_moe_block) are every layer's, beside its MLP."""
     experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
-    if not entry.moe or not experts:
+    if not entry.moe or not experts or (entry.moe == "gemma4" and not raw.get("enable_moe_block")):
         return {}
-    top_k = raw["num_experts_per_tok"]
+    top_k = raw["top_k_experts"] if entry.moe == "gemma4" else raw["num_experts_per_tok"]
     if not 0 < top_k <= experts:
         raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and the {experts} experts")
     if entry.moe == "gpt_oss":
@@ -508,6 +509,10 @@ def _experts(raw: dict[str, Any], entry: registry.Architecture, layers: int) -> 
                 "moe_intermediate_size": raw["intermediate_size"], "moe_bias": True, "router_topk_first": True,
                 "hidden_act": "swiglu_oai", "swiglu_alpha": raw.get("swiglu_alpha", 1.702),
                 "swiglu_limit": raw.get("swiglu_limit", 7.0)}
+    if entry.moe == "gemma4":  # every layer's, beside its MLP; the weights kept in float32, as the reference keeps them
+        return {"layer_moe": [True] * layers, "num_experts": experts, "experts_per_token": top_k,
+                "moe_intermediate_size": raw["moe_intermediate_size"], "norm_topk_prob": True, "router_float32": True,
+                "experts_beside_mlp": True}
     mixtral, shared = entry.moe == "mixtral", entry.moe == "qwen3_next"
     dense, step = set(raw.get("mlp_only_layers") or []), raw.get("decoder_sparse_step") or 1
     return {

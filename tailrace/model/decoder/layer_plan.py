@@ -21,14 +21,16 @@ from tailrace.model.decoder.config import ModelConfig
 # x; per_layer_input: y = per_layer_projection(act(per_layer_input_gate(x)) * the layer's
 # per-layer input) (Gemma 4's); norm_output: y = norm(y); scale: y = y * factor; add: h = h + y;
 # norm_residual: h = norm(h) (an encoder's); scale_residual: h = h * the layer's layer_scalar
-# (Gemma 4's). The one-call forward runs neither the encoder's nor Gemma 4's. Each product and sum
-# is rounded to the model's dtype once, as eager PyTorch rounds it.
+# (Gemma 4's); stash: s = y; experts: y = the layer's experts of x, routed by h; add_stash: y = s + y
+# (Gemma 4's experts beside its MLP). The one-call forward runs neither the encoder's nor Gemma
+# 4's. Each product and sum is rounded to the model's dtype once, as eager PyTorch rounds it.
 OPS = ("read", "attention", "feed_forward", "per_layer_input", "norm_output", "scale", "add", "norm_residual",
-       "scale_residual")
+       "scale_residual", "stash", "experts", "add_stash")
 
 # A layer's norms by the checkpoint's names, which a step names: RMSNorms over the hidden width
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
-         "post_per_layer_input_norm")
+         "post_per_layer_input_norm", "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+         "post_feedforward_layernorm_2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ def layer_steps(config: ModelConfig, layer: int = 1) -> tuple[Step, ...]:
     read (normed or not: ModernBERT's first attention reads h as it is), the block, its output's
     norm where the style norms outputs, its output times the residual multiplier where there is
     one (Granite), its output added to h, and h normed where the style norms the residual (BERT);
+    Gemma 4's experts beside its MLP, each through its own norms, summed before the block's output norm;
     then Gemma 4's per-layer input, normed and added, and h times the layer's scalar."""
     steps: list[Step] = []
     unnormed_first = not config.first_layer_input_norm and layer == 0
@@ -64,6 +67,10 @@ def layer_steps(config: ModelConfig, layer: int = 1) -> tuple[Step, ...]:
         if unnormed_first and block == "attention":
             input_norm = None
         steps += [Step("read", input_norm), Step(block)]
+        if block == "feed_forward" and config.experts_beside_mlp and config.layer_moe[layer]:
+            steps += [Step("norm_output", "post_feedforward_layernorm_1"), Step("stash"),
+                      Step("read", "pre_feedforward_layernorm_2"), Step("experts"),
+                      Step("norm_output", "post_feedforward_layernorm_2"), Step("add_stash")]
         if output_norm is not None:
             steps.append(Step("norm_output", output_norm))
         if config.residual_multiplier != 1.0:

@@ -498,16 +498,21 @@ class MoE(Module):
         self.shared_expert = Expert(width, shared, False, dtype) if shared else None
         self.shared_expert_gate = Router(width, 1, False, dtype) if shared else None
         self.gate_mul = sigmoid_mul  # model/cpu/ops.py puts a one-call kernel here on CPU
+        # Gemma 4's: the router's input scale per channel and each expert's weight's scale
+        self.router_scale = _empty(width, dtype=dtype) if config.experts_beside_mlp else None
+        self.expert_scale = _empty(config.num_experts, dtype=dtype) if config.experts_beside_mlp else None
+        self.eps = config.rms_norm_eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._experts(x)
+    def forward(self, x: torch.Tensor, routed_by: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts of x, routed by x or (Gemma 4's, beside the MLP) by `routed_by`."""
+        out = self._experts(x, x if routed_by is None else routed_by)
         if self.shared_expert is None:
             return out
         shared = self.shared_expert.down_proj(self.act_and_mul(self.shared_expert.gate_up_proj(x)))
         return out + self.gate_mul(shared, self.shared_expert_gate(x))
 
-    def _experts(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = self.route(x)
+    def _experts(self, x: torch.Tensor, routed_by: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(routed_by)
         out = torch.zeros_like(x)
         # the (row, slot) pairs grouped by expert, rows ascending in each group: one sort a step
         picks, top_k = chosen.flatten().argsort(stable=True), chosen.shape[1]
@@ -523,8 +528,13 @@ class MoE(Module):
         return out
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's experts_per_token router weights and experts [T, k]."""
-        return self.choose(self.gate(x))
+        """Each row's experts_per_token router weights and experts [T, k]. Gemma 4's router reads x
+        RMS-normed times its scale and hidden ** -0.5 (each product rounded to the dtype), and
+        scales each chosen expert's (float32) weight by that expert's scale."""
+        if self.router_scale is None:
+            return self.choose(self.gate(x))
+        weights, chosen = self.choose(self.gate(rms_normalize(x, self.eps) * self.router_scale * x.shape[-1] ** -0.5))
+        return weights * self.expert_scale[chosen], chosen
 
 
 def choose_experts(logits: torch.Tensor, top_k: int, topk_first: bool, normalize: bool,
@@ -555,8 +565,10 @@ class DecoderLayer(Module):
         linear = config.layer_mixers[layer] == "gated_delta"
         self.self_attn = None if linear else Attention(config, layer, dtype)
         self.linear_attn = GatedDeltaNet(config, layer, dtype) if linear else None
-        self.mlp = (MoE(config, dtype) if config.layer_moe[layer]
+        beside = config.experts_beside_mlp and config.layer_moe[layer]  # Gemma 4's: both
+        self.mlp = (MoE(config, dtype) if config.layer_moe[layer] and not beside
                     else MLP(config, dtype, config.layer_intermediate_sizes[layer]))
+        self.moe = MoE(config, dtype) if beside else None
         # Gemma 4's per-layer input, gated into h after the MLP, and the layer's output scalar
         if config.per_layer_input_size:
             self.per_layer_input_gate = Linear(config.hidden_size, config.per_layer_input_size, False, dtype)
@@ -594,6 +606,12 @@ class DecoderLayer(Module):
                 y = self.per_layer_projection(self.per_layer_act(self.per_layer_input_gate(x)) * per_layer)
             elif op == "scale_residual":
                 h = h * self.layer_scalar
+            elif op == "stash":
+                stash = y
+            elif op == "experts":
+                y = self.moe(x, h)
+            elif op == "add_stash":
+                y = stash + y
             else:  # "norm_residual"
                 h = getattr(self, step.norm)(h)
         return h

@@ -81,6 +81,11 @@ _QWEN3_NEXT_GGUF_LAYER_NAMES = {
 _GEMMA4_GGUF_LAYER_NAMES = {
     **_GEMMA_GGUF_LAYER_NAMES, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm", "layer_output_scale.weight": "layer_scalar",
+    # the 26B-A4B's experts beside the MLP, their router's input scale and each expert's scale
+    "ffn_gate_inp": "moe.gate", "ffn_gate_inp.scale": "moe.router_scale", "ffn_down_exps.scale": "moe.expert_scale",
+    "ffn_gate_exps": "moe.gate_exps", "ffn_up_exps": "moe.up_exps", "ffn_gate_up_exps": "moe.gate_up_exps",
+    "ffn_down_exps": "moe.down_exps", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
 }
 
 # Gemma 3's text model as its multimodal checkpoints (4B, 12B, 27B) leave it: their config.json's
@@ -130,7 +135,8 @@ class Architecture:
     gemma4: bool = False
     multipliers: bool = False  # Granite's embedding, residual, attention and logit multipliers
     attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
-    moe: str = ""  # "": dense; "qwen3_moe", "qwen3_next", "mixtral" or "gpt_oss": how config.py reads its experts
+    # "": dense; "qwen3_moe", "qwen3_next", "mixtral", "gpt_oss" or "gemma4": how config.py reads its experts
+    moe: str = ""
     # Its layer_types' "linear_attention" layers are Gated DeltaNet, and its attention layers gate
     # their output (Qwen3-Next, Qwen3.5)
     gated_delta: bool = False
@@ -187,7 +193,8 @@ ARCHITECTURES = (
                  gguf_largest_layers=62, gguf_local_rope=True),
     Architecture("Gemma4ForCausalLM", ("gemma4_text",), image_text_name="Gemma4ForConditionalGeneration",
                  base_name="Gemma4TextModel", bias_flag_covers_out=True, qk_norm=True, norm_style="sandwich",
-                 gemma4=True, sliding_period=6, gguf_arch="gemma4", gguf_layer_names=_GEMMA4_GGUF_LAYER_NAMES),
+                 gemma4=True, moe="gemma4", sliding_period=6, gguf_arch="gemma4",
+                 gguf_layer_names=_GEMMA4_GGUF_LAYER_NAMES),
     Architecture("Phi3ForCausalLM", ("phi3",), stored_fused=True, gguf_arch="phi3",
                  gguf_layer_names=_PHI3_GGUF_LAYER_NAMES, gguf_partial_rotary=True),
     Architecture("Qwen3MoeForCausalLM", ("qwen3_moe",), bias_flag_covers_out=True, qk_norm=True, moe="qwen3_moe",

@@ -215,7 +215,7 @@ def _gemma4_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, An
     KV heads and MLP widths (double-wide ones twice the narrowest), the global layers' head dim as
     key_length and the sliding ones' as key_length_swa, values that are keys where a global layer
     has no attn_v, the proportional rope of the global layers as rope_freqs (1 for a pair that
-    turns, 1e30 for one that stays), per-layer inputs."""
+    turns, 1e30 for one that stays), per-layer inputs, experts beside the MLP."""
     layers = value("block_count")
     sliding = [bool(s) for s in value("attention.sliding_window_pattern")]
     heads_kv, widths = value("attention.head_count_kv"), value("feed_forward_length")
@@ -243,6 +243,10 @@ def _gemma4_config(value: Any, tensors: dict[str, ReaderTensor]) -> dict[str, An
     }
     if "per_layer_token_embd.weight" in tensors:
         config["vocab_size_per_layer_input"] = int(tensors["per_layer_token_embd.weight"].shape[1])
+    if value("expert_count", 0):  # the 26B-A4B's experts beside each layer's MLP
+        width = value("expert_feed_forward_length")
+        config |= {"enable_moe_block": True, "top_k_experts": value("expert_used_count"),
+                   "moe_intermediate_size": width[0] if isinstance(width, list) else width}
     return config
 
 

@@ -72,6 +72,7 @@ _PROJECTION_PARTS = {
     ("mlp", "down_proj"): ("ffn_down",),
     ("mlp.shared_expert", "gate_up_proj"): ("ffn_gate_shexp", "ffn_up_shexp"),
     ("mlp.shared_expert", "down_proj"): ("ffn_down_shexp",),
+    ("moe", "gate_up_proj"): (),  # Gemma 4's experts beside its MLP (_expert_projections)
 }
 # A projection -> the GGUF tensors that hold it where a file has not its parts: Phi-3's attn_qkv,
 # and its ffn_up holding gate and up; Qwen3-Next's in_proj with b and a in one tensor.
@@ -109,7 +110,7 @@ def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockPr
                 continue
             if isinstance(parent, MoE):
                 if name == "gate_up_proj":
-                    found += _expert_projections(parent, i, tensors)
+                    found += _expert_projections(parent, f"model.layers.{i}.{block}", i, tensors)
                 continue
             order = orders.get(name)
             if name == "qkv_proj":  # Gemma 4's: q alone where a layer reads another's K/V, no v where v is k
@@ -151,14 +152,16 @@ def _grouped_ba_order(config: ModelConfig) -> np.ndarray:
     return np.concatenate((np.arange(first), group_rows.ravel(), (group_rows + per).ravel()))
 
 
-def _expert_projections(moe: MoE, layer: int, tensors: dict[str, ReaderTensor]) -> list[BlockProjection]:
-    """Each expert's projections from the file's stacked [experts, rows, blocks] tensors."""
-    stacked = {part: tensors.get(f"blk.{layer}.ffn_{part}_exps.weight") for part in ("gate", "up", "down")}
+def _expert_projections(moe: MoE, path: str, layer: int, tensors: dict[str, ReaderTensor]) -> list[BlockProjection]:
+    """Each expert's projections from the file's stacked [experts, rows, blocks] tensors (gate and
+    up apart, or one tensor of both: Gemma 4's)."""
+    stacked = {part: tensors.get(f"blk.{layer}.ffn_{part}_exps.weight") for part in ("gate", "up", "gate_up", "down")}
+    gate_up = ("gate_up",) if stacked["gate_up"] is not None else ("gate", "up")
     found = []
     for index, expert in enumerate(moe.experts):
-        for name, parts in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
+        for name, parts in (("gate_up_proj", gate_up), ("down_proj", ("down",))):
             if all(stacked[part] is not None for part in parts):
-                found.append(BlockProjection(expert, name, f"model.layers.{layer}.mlp.experts.{index}.{name}",
+                found.append(BlockProjection(expert, name, f"{path}.experts.{index}.{name}",
                                              tuple(stacked[part] for part in parts), expert=index))
     return found
 

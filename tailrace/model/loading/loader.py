@@ -21,7 +21,8 @@ from tailrace.heap import release_freed
 from tailrace.logs import timed
 from tailrace.model.decoder.config import ModelConfig, as_id_list, limit_context, parse_model_config
 from tailrace.model.decoder.llama import (DecoderLayer, GatedDeltaNet, GatedRMSNorm, LayerNorm, Linear,
-                                          LlamaForCausalLM, PooledDense, RMSNorm, in_proj_split, reorder_rotary_dims)
+                                          LlamaForCausalLM, MoE, PooledDense, RMSNorm, in_proj_split,
+                                          reorder_rotary_dims)
 from tailrace.model.loading import gguf, gguf_file
 from tailrace.model.loading.gguf_quant import block_projections, lookup_table, use_gguf_blocks
 from tailrace.model.loading.hub import is_gguf
@@ -262,6 +263,9 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int, quantization: str | N
             module.weight.fill_(1.0)
         if isinstance(module, DecoderLayer) and module.layer_scalar is not None:
             module.layer_scalar.fill_(1.0)
+        if isinstance(module, MoE) and module.router_scale is not None:
+            module.router_scale.fill_(1.0)
+            module.expert_scale.fill_(1.0)
         if isinstance(module, LayerNorm) and module.bias is not None:
             module.bias.zero_()
         elif quantization is not None and type(module) is Linear:
@@ -427,14 +431,15 @@ def _fused_parts(name: str, config: ModelConfig) -> list[tuple[str, str, int]]:
 
 def _each_expert(tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     """transformers 5's stacked experts (mlp.experts.gate_up_proj [experts, 2 * I, in], down_proj,
-    and gpt-oss's biases) as each expert's projection; every other tensor as it is."""
+    and gpt-oss's biases; Gemma 4's experts.* beside its mlp) as each expert's projection; every
+    other tensor as it is."""
     for name, tensor in tensors:
-        layer, _, part = name.rpartition(".mlp.experts.")
-        if not layer or part not in _STACKED_EXPERTS:
+        block, _, part = name.rpartition(".experts.")
+        if not block or part not in _STACKED_EXPERTS:
             yield name, tensor
             continue
         for expert in range(tensor.shape[0]):
-            yield f"{layer}.mlp.experts.{expert}.{_STACKED_EXPERTS[part]}", tensor[expert]
+            yield f"{block}.experts.{expert}.{_STACKED_EXPERTS[part]}", tensor[expert]
 
 
 def _linear_attention_tensors(tensors: Iterable[tuple[str, Any]], config: ModelConfig) -> Iterator[tuple[str, Any]]:
@@ -461,6 +466,9 @@ def _linear_attention_tensors(tensors: Iterable[tuple[str, Any]], config: ModelC
 
 
 _BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
+_GEMMA4_EXPERT_PARTS = {"experts.": "experts.", "router.proj.": "gate.", "router.scale": "router_scale",
+                        "router.per_expert_scale": "expert_scale"}
+_GEMMA4_EXPERTS = re.compile(r"(\.layers\.\d+)\.(experts\.|router\.proj\.|router\.scale$|router\.per_expert_scale$)")
 
 
 def _canonical(name: str) -> str:
@@ -473,6 +481,8 @@ def _canonical(name: str) -> str:
             name = text + name[len(prefix):]
     if name.startswith(_BASE_MODEL_PARTS):  # a base model's (Qwen3Model): its parts are the causal model's model.*
         name = "model." + name
+    # Gemma 4's experts beside its mlp, and their router: the layer's `moe`
+    name = _GEMMA4_EXPERTS.sub(lambda m: f"{m[1]}.moe.{_GEMMA4_EXPERT_PARTS[m[2]]}", name)
     if ".block_sparse_moe." in name:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
