@@ -115,3 +115,26 @@ def test_a_cached_prefix_and_its_kept_state_give_the_same_bits(checkpoint):
     got, want = (engine.generate([follow_up], GREEDY)[0].outputs[0] for engine in (llm, reference))
     assert got == want
     assert llm.core.blocks.prefix_cache_hits - hits == (len(first) + len(answer)) // 16 * 16
+
+
+def test_gemma4_prompts_stop_where_the_layers_that_store_no_kv_begin(checkpoint):
+    """Past the first layer reading another's K/V, only the rows whose logits are wanted run: a
+    prompt's last row (a chunk before the last, none), and the answer is transformers' still."""
+    path, model = checkpoint
+    if model.config.model_type != "gemma4_text":
+        pytest.skip("Gemma 4's layers only")
+    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=8)
+    layers = llm.core.runner.model.model.layers
+    seen: dict[int, list[int]] = {3: [], 4: []}
+    for index in seen:
+        forward = layers[index].forward
+        layers[index].forward = lambda h, *rest, index=index, forward=forward: (seen[index].append(len(h)),
+                                                                                forward(h, *rest))[1]
+    prompt = PROMPTS[0]  # 20 tokens: chunks of 8, 8 and 4
+    tokens = llm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    assert seen[3][:3] == [8, 8, 4] and seen[4] == [1] * (len(seen[3]) - 2)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(GREEDY.max_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert tokens == ids[len(prompt):]

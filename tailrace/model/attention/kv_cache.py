@@ -263,6 +263,10 @@ class KVCache:
             out[rows] = _prefill_attention(q[rows], slab_k[p.slot, :, : p.kv_len], slab_v[p.slot, :, : p.kv_len], p.mask)
         return out
 
+    def narrow(self, batch: AttentionBatch, rows: list[int]) -> AttentionBatch | None:
+        """None: the slab attends every row of the step (PagedKVCache.narrow attends some)."""
+        return None
+
     def release(self, key: int) -> None:
         """The sequence finished, was aborted or preempted: free its slot (its pages stay)."""
         if self.states is not None:

@@ -13,6 +13,7 @@ sequence).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from types import ModuleType
 
@@ -156,6 +157,7 @@ class PagedKVCache:
         self._allocate_metadata()
         self._batch: AttentionBatch | None = None
         self.metadata: PagedAttentionMetadata | None = None  # the current step's, read by every layer
+        self._narrowed: tuple[AttentionBatch, PagedAttentionMetadata] | None = None  # narrow's, this step
 
     def _allocate_metadata(self) -> None:
         """One flat int32 buffer [loc | lens | tables] per side, so a step's metadata is one copy;
@@ -193,7 +195,7 @@ class PagedKVCache:
         loc, lens, tables = self._device_views
         max_query_len = max((seq.q_len for seq in seqs), default=0)
         self.metadata = PagedAttentionMetadata(loc, lens, tables, self.block_size, max_query_len, len(seqs))
-        self._batch = batch
+        self._batch, self._narrowed = batch, None
 
     @torch.inference_mode()
     def attend(
@@ -221,10 +223,33 @@ class PagedKVCache:
         return out
 
     def step_metadata(self, batch: AttentionBatch) -> PagedAttentionMetadata:
-        """The metadata `begin(batch)` sent, which every layer of this batch's forward reads."""
+        """The metadata `begin(batch)` sent, which every layer of this batch's forward reads (or
+        that of the part of it `narrow` made)."""
+        if self._narrowed is not None and batch is self._narrowed[0]:
+            return self._narrowed[1]
         if self.metadata is None or batch is not self._batch:
             raise RuntimeError("PagedKVCache.begin(batch) must be called with this batch before the forward")
         return self.metadata
+
+    def narrow(self, batch: AttentionBatch, rows: list[int]) -> AttentionBatch | None:
+        """The step's batch with only `rows` (ascending) querying, for layers that read K/V
+        stored earlier in the step and store none; None unless the rows each sequence keeps are
+        the last of its chunk (a query's position is its place from its sequence's end)."""
+        step = self.step_metadata(batch)
+        kept, seqs, at = set(rows), [], 0
+        for seq in batch.seqs:
+            count = sum(1 for r in range(seq.q_start, seq.q_start + seq.q_len) if r in kept)
+            if any(r not in kept for r in range(seq.q_start + seq.q_len - count, seq.q_start + seq.q_len)):
+                return None
+            seqs.append(dataclasses.replace(seq, q_start=at, q_len=count))
+            at += count
+        if at != len(rows):
+            return None
+        starts = torch.tensor([0] + [seq.q_start + seq.q_len for seq in seqs], dtype=torch.int32, device=self.device)
+        part = AttentionBatch(seqs, batch.slot_mapping[torch.tensor(rows, dtype=torch.long, device=self.device)])
+        self._narrowed = (part, dataclasses.replace(step, query_start_loc=starts,
+                                                    max_query_len=max((seq.q_len for seq in seqs), default=0)))
+        return part
 
     def release(self, key: int) -> None:
         """The sequence's state slot, where the model keeps states; no K/V is kept per sequence

@@ -161,6 +161,16 @@ class ModelConfig:
         return [i for i, mixer in enumerate(self.layer_mixers)
                 if mixer == "attention" and self.layer_kv_source[i] == i]
 
+    @property
+    def first_kv_reader(self) -> int | None:
+        """The first layer from which every layer reads another's K/V (Gemma 4's last
+        num_kv_shared_layers), None where the last layer stores its own: past it, a row whose
+        output is not wanted changes nothing."""
+        readers = [i for i in range(self.num_hidden_layers) if self.layer_kv_source[i] != i]
+        if not readers or readers[-1] != self.num_hidden_layers - 1 or len(readers) != readers[-1] - readers[0] + 1:
+            return None
+        return readers[0]
+
     def attention_shape(self, layer: int) -> tuple[int, int]:
         """Layer `layer`'s KV heads and head dim."""
         return self.layer_kv_heads[layer], self.layer_head_dims[layer]

@@ -759,10 +759,12 @@ class LlamaForCausalLM(nn.Module):
         if fused is not None and fused.takes(cache):
             return fused(input_ids, positions, batch, cache, rows)
         if cache.num_layers:
-            h = self._hidden(input_ids, positions, batch, cache, token_types)
+            h, narrowed = self._hidden(input_ids, positions, batch, cache, token_types, rows)
+            if narrowed:
+                return h
         else:
             h = torch.cat([self._hidden(input_ids[group], positions[group], part, cache,
-                                        None if token_types is None else token_types[group])
+                                        None if token_types is None else token_types[group])[0]
                            for group, part in whole_sequence_groups(batch, len(input_ids))])
         if rows is None:
             return h
@@ -771,8 +773,11 @@ class LlamaForCausalLM(nn.Module):
         return h[index]
 
     def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                token_types: torch.Tensor | None) -> torch.Tensor:
-        """Every row's final hidden state, by the modules."""
+                token_types: torch.Tensor | None, rows: list[int] | None = None) -> tuple[torch.Tensor, bool]:
+        """Every row's final hidden state, by the modules; or (True) only those of `rows`: past the
+        first layer that reads another's K/V, every layer stores none, so the rows not wanted
+        stop there where the cache can attend for the wanted ones alone (Gemma 4's prompts: 20
+        of E2B's 35 layers, and its double-wide MLPs, run for each prompt's last row only)."""
         h = self.model.embed_tokens(input_ids)
         if self.model.embed_scale is not None:
             h = h * self.model.embed_scale
@@ -784,16 +789,21 @@ class LlamaForCausalLM(nn.Module):
             h = self.model.embed_norm(h)
         rotations = {kind: getattr(self.model, name)(positions) for kind, name in ROTARY_MODULES.items()
                      if hasattr(self.model, name)}
-        if not self.config.per_layer_input_size:
-            for layer in self.model.layers:
-                h = layer(h, rotations, batch, cache)
-        else:
-            per_layer = self._per_layer_inputs(input_ids, h)
-            for index, layer in enumerate(self.model.layers):
-                h = layer(h, rotations, batch, cache, per_layer[:, index])
+        per_layer = self._per_layer_inputs(input_ids, h) if self.config.per_layer_input_size else None
+        narrow_at = self.config.first_kv_reader if rows is not None else None
+        narrowed = False
+        for index, layer in enumerate(self.model.layers):
+            if index == narrow_at and (part := cache.narrow(batch, rows)) is not None:
+                if not rows:  # no row wanted: a prompt's chunk before its last
+                    return h[:0], True
+                keep = torch.tensor(rows, dtype=torch.long, device=h.device)
+                h, batch, narrowed = h[keep], part, True
+                per_layer = None if per_layer is None else per_layer[keep]
+                rotations = {kind: (cos[keep], sin[keep]) for kind, (cos, sin) in rotations.items()}
+            h = layer(h, rotations, batch, cache, None if per_layer is None else per_layer[:, index])
         if self.model.norm is not None:
             h = self.model.norm(h)
-        return h
+        return h, narrowed
 
     def _per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Gemma 4's per-layer inputs [T, layers, per_layer_input_size]: each token's rows of the

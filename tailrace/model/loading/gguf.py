@@ -50,10 +50,12 @@ _ROPE_FREQS = "rope_freqs.weight"
 
 def stores_projections_quantized(reader: GgufFile) -> bool:
     """Whether every projection matrix is stored in a quantized type (Q4_K_M's, Q8_0's,
-    MXFP4_MOE's), not as floats. The embedding table, the experts' routers and the shared
-    expert's gate (which llama.cpp keeps in float32, and tailrace never quantizes) and Gated
-    DeltaNet's convolution (a few weights a channel, no projection) do not count."""
-    projections = [t for t in reader.tensors if len(t.shape) >= 2 and t.name != "token_embd.weight"
+    MXFP4_MOE's), not as floats. The embedding tables (Gemma 4's per-layer one too), the experts'
+    routers and the shared expert's gate (which llama.cpp keeps in float32, and tailrace never
+    quantizes), Gemma 4's per-layer input projection (which llama-quantize keeps in 16 bits) and
+    Gated DeltaNet's convolution (a few weights a channel, no projection) do not count."""
+    projections = [t for t in reader.tensors if len(t.shape) >= 2
+                   and t.name not in ("token_embd.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight")
                    and not t.name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight"))]
     return bool(projections) and all(t.tensor_type not in FLOAT_TYPES for t in projections)
 
@@ -312,8 +314,8 @@ def dequantize(tensor: ReaderTensor) -> torch.Tensor:
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     if tensor.tensor_type == Q.BF16:  # gguf-py's takes Gemma 3's 1.0G values in 3.7 s, this in 2.5 s
         return torch.from_numpy(np.array(tensor.data).view(np.int16)).view(torch.bfloat16).float().reshape(shape)
-    values = dequantize_blocks(tensor.data, tensor.tensor_type)
-    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+    values = dequantize_blocks(tensor.data, tensor.tensor_type)  # float32 already: not copied again
+    return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(shape)
 
 
 def checkpoint_tensors(reader: GgufFile, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:

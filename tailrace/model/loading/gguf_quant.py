@@ -73,6 +73,8 @@ _PROJECTION_PARTS = {
     ("mlp.shared_expert", "gate_up_proj"): ("ffn_gate_shexp", "ffn_up_shexp"),
     ("mlp.shared_expert", "down_proj"): ("ffn_down_shexp",),
     ("moe", "gate_up_proj"): (),  # Gemma 4's experts beside its MLP (_expert_projections)
+    ("", "per_layer_input_gate"): ("inp_gate",),  # Gemma 4's per-layer input, the layer's own
+    ("", "per_layer_projection"): ("proj",),
 }
 # A projection -> the GGUF tensors that hold it where a file has not its parts: Phi-3's attn_qkv,
 # and its ffn_up holding gate and up; Qwen3-Next's in_proj with b and a in one tensor.
@@ -104,23 +106,23 @@ def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockPr
     for i, layer in enumerate(model.model.layers):
         for (block, name), parts in _PROJECTION_PARTS.items():
             parent = layer
-            for attribute in block.split("."):
+            for attribute in filter(None, block.split(".")):
                 parent = getattr(parent, attribute, None)
-            if parent is None:  # a hybrid's layer has one mixer; an MLP no shared expert
-                continue
             if isinstance(parent, MoE):
                 if name == "gate_up_proj":
                     found += _expert_projections(parent, f"model.layers.{i}.{block}", i, tensors)
                 continue
+            if parent is None or getattr(parent, name, None) is None:  # a hybrid's layer has one mixer; an MLP no
+                continue  # shared expert; only Gemma 4's layers have per-layer inputs
             order = orders.get(name)
             if name == "qkv_proj":  # Gemma 4's: q alone where a layer reads another's K/V, no v where v is k
                 parts = parts[:1 if not parent.stores else 2 if parent.values_are_keys else 3]
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
-                parts = _FUSED_TENSORS[name]  # Phi-3's, Qwen3-Next's
+                parts = _FUSED_TENSORS.get(name, ("",))  # Phi-3's, Qwen3-Next's
                 order = _grouped_ba_order(config) if name == "in_proj" else order
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
                 continue
-            found.append(BlockProjection(parent, name, f"model.layers.{i}.{block}.{name}",
+            found.append(BlockProjection(parent, name, ".".join(filter(None, (f"model.layers.{i}", block, name))),
                                          tuple(tensors[f"blk.{i}.{part}.weight"] for part in parts), order))
     head = tensors.get("output.weight", tensors["token_embd.weight"])
     found.append(BlockProjection(model, "lm_head", "lm_head", (head,)))
@@ -179,10 +181,11 @@ def _mapped_type(tensor_type: Q) -> bool:
     return tensor_type in MAPPED_TYPES and (tensor_type in _PORTABLE_TYPES or int_linear.available())
 
 
-def lookup_table(reader: GgufFile) -> ReaderTensor | None:
-    """The embedding table where its lookups read its blocks (IntEmbedding) rather than a
-    dequantized copy: a mapped type, on tailrace's kernel."""
-    table = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+def lookup_table(reader: GgufFile, name: str = "token_embd.weight") -> ReaderTensor | None:
+    """The embedding table `name` (or Gemma 4's per-layer table, per_layer_token_embd: 2.3G values
+    in E2B) where its lookups read its blocks (IntEmbedding) rather than a dequantized copy: a
+    mapped type, on tailrace's kernel."""
+    table = next((t for t in reader.tensors if t.name == name), None)
     if table is None or not int_linear.available() or not _mapped_type(table.tensor_type) \
             or not int_linear.takes(int(table.shape[0])):
         return None
@@ -190,11 +193,12 @@ def lookup_table(reader: GgufFile) -> ReaderTensor | None:
 
 
 def use_gguf_blocks(model: LlamaForCausalLM, reader: GgufFile, projections: list[BlockProjection] | None = None,
-                    table: ReaderTensor | None = None) -> list[str]:
+                    table: ReaderTensor | None = None, per_layer_table: ReaderTensor | None = None) -> list[str]:
     """The `projections` (by default every one block_projections finds) replaced in place by
     quantized modules built from the file's blocks; the others keep the float weights the loader
     dequantized. Given the `table` (lookup_table's), the lookups read its codes (IntEmbedding):
-    the head's where the head is that table tied, else its own. CPU only (the integer kernels
+    the head's where the head is that table tied, else its own; given Gemma 4's
+    `per_layer_table`, its lookups read its codes likewise. CPU only (the integer kernels
     are). Returns the replaced projections' paths."""
     rotary_heads = _rotary_heads(reader)
     replaced, head_parts = [], ()
@@ -217,8 +221,12 @@ def use_gguf_blocks(model: LlamaForCausalLM, reader: GgufFile, projections: list
         tied = head_parts == (table,) and isinstance(model.lm_head, int_linear.IntLinear)
         codes = model.lm_head if tied else stacked_linear([table], {}, None)
         model.model.embed_tokens = int_linear.IntEmbedding(codes, model.dtype)
+    if per_layer_table is not None:
+        model.model.embed_tokens_per_layer = int_linear.IntEmbedding(stacked_linear([per_layer_table], {}, None),
+                                                                     model.dtype)
     release_freed()
-    logger.info("%s", describe_blocks(reader, replaced, table))
+    logger.info("%s%s", describe_blocks(reader, replaced, table),
+                "" if per_layer_table is None else f"; per-layer input lookups in the {per_layer_table.tensor_type.name} codes")
     return replaced
 
 

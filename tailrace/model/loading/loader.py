@@ -149,12 +149,16 @@ def _load_gguf(model: LlamaForCausalLM, config: ModelConfig, path: str, quantiza
         unread.add(table.name)
     else:
         unread.discard("token_embd.weight")  # the table the lookups read
+    per_layer = lookup_table(reader, "per_layer_token_embd.weight") if from_blocks else None
+    if per_layer is not None:  # Gemma 4's per-layer inputs, looked up in their codes too
+        supplied.add("model.embed_tokens_per_layer.weight")
+        unread.add(per_layer.name)
     with timed(log, "reading the GGUF's other tensors"):
         tensors = gguf.checkpoint_tensors(reader, skip=unread)
         load_tensors(model, tensors if shard is None else shard_tensors(tensors, config, shard), supplied=supplied)
         reorder_rotary_dims(model)
     with timed(log, "packing the GGUF's blocks"):
-        use_gguf_blocks(model, reader, blocks, table)
+        use_gguf_blocks(model, reader, blocks, table, per_layer)
     gguf_file.release_pages(reader)
 
 
