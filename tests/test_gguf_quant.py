@@ -305,8 +305,8 @@ def test_a_tied_table_is_held_once_and_looked_up_as_the_float_load_reads_it(tmp_
     path = str(write_gguf(tmp_path / "tiny.gguf", tensor_type))
     floats, config = load_model(path, dtype=dtype)
     dequantized = []
-    real = tailrace_gguf.dequantize
-    monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
+    real = tailrace_gguf.stored
+    monkeypatch.setattr(tailrace_gguf, "stored", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     blocks, _ = load_model(path, dtype=dtype, quantization="int8")
     assert dequantized and "token_embd.weight" not in dequantized
     lookup = blocks.model.embed_tokens
@@ -326,8 +326,8 @@ def test_an_untied_table_is_looked_up_in_its_own_codes(tmp_path, monkeypatch) ->
     path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q8_0, extra_tensors={"output.weight": head}))
     floats, _ = load_model(path, dtype="float32")
     dequantized = []
-    real = tailrace_gguf.dequantize
-    monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
+    real = tailrace_gguf.stored
+    monkeypatch.setattr(tailrace_gguf, "stored", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     blocks, _ = load_model(path, dtype="float32", quantization="int8")
     assert "token_embd.weight" not in dequantized
     lookup = blocks.model.embed_tokens
@@ -341,12 +341,12 @@ def test_a_quantized_load_never_dequantizes_what_the_blocks_serve(tmp_path, monk
     than its float weights load), and the model is the one a float load then use_gguf_blocks makes."""
     path = str(write_gguf(tmp_path / "tiny.gguf", Q.Q4_0))
     dequantized = []
-    real = tailrace_gguf.dequantize
-    monkeypatch.setattr(tailrace_gguf, "dequantize", lambda tensor: dequantized.append(tensor.name) or real(tensor))
+    real = tailrace_gguf.stored
+    monkeypatch.setattr(tailrace_gguf, "stored", lambda tensor: dequantized.append(tensor.name) or real(tensor))
     model, _ = load_model(path, quantization="int4")
     blocks = {t.name for t in GgufFile.read(str(path)).tensors if t.tensor_type == Q.Q4_0}
     assert blocks and not blocks & set(dequantized) - ({"token_embd.weight"} if lookup_table(GgufFile.read(str(path))) is None else set())
-    monkeypatch.setattr(tailrace_gguf, "dequantize", real)
+    monkeypatch.setattr(tailrace_gguf, "stored", real)
     whole, _ = load_model(path)
     reader = GgufFile.read(str(path))
     use_gguf_blocks(whole, reader, table=lookup_table(reader))

@@ -8,6 +8,7 @@ memory-mapped in `ReaderTensor.data`), so a quantized path can later take those 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -318,9 +319,27 @@ def dequantize(tensor: ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.float32)).reshape(shape)
 
 
+_STORED_DTYPES = {Q.F32: (np.float32, torch.float32), Q.F16: (np.float16, torch.float16),
+                  Q.BF16: (np.int16, torch.bfloat16)}
+
+
+def stored(tensor: ReaderTensor) -> torch.Tensor:
+    """One GGUF tensor in PyTorch's (rows, columns) order: a float one as the file stores it (a view
+    of its mapped pages, which the loader's copy into a parameter converts as exactly as widening
+    it to float32 first would, without a float32 copy: Gemma 4 E2B's BF16 per-layer table had
+    peaked a load at 21 GB), any other dequantized to float32."""
+    if tensor.tensor_type not in _STORED_DTYPES:
+        return dequantize(tensor)
+    numpy_type, torch_type = _STORED_DTYPES[tensor.tensor_type]
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    with warnings.catch_warnings():  # the pages are mapped read-only; only copies are written
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.asarray(tensor.data).view(numpy_type)).view(torch_type).reshape(shape)
+
+
 def checkpoint_tensors(reader: GgufFile, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every weight but those named in `skip` (GGUF names),
-    which are not even dequantized; q and k rows back in Hugging Face order."""
+    """(Hugging Face name, tensor: `stored`'s) for every weight but those named in `skip` (GGUF
+    names), which are not even dequantized; q and k rows back in Hugging Face order."""
     arch = architecture(reader)
     permuted = registry.GGUF_ARCHITECTURES[arch].gguf_permuted
     heads = metadata(reader, f"{arch}.attention.head_count")
@@ -332,7 +351,7 @@ def checkpoint_tensors(reader: GgufFile, skip: set[str] = frozenset()) -> Iterat
         if tensor.name.partition(".")[0] in _DENSE:
             continue  # dense_weights reads them
         name = hf_name(tensor.name, arch)
-        values = dequantize(tensor)
+        values = stored(tensor)
         if name.endswith("_exps.weight"):  # [experts, out, in]: each expert's as its own tensor
             layer, _, part = name.removesuffix("_exps.weight").rpartition(".")
             for expert, weight in enumerate(values):
