@@ -284,6 +284,13 @@ def test_layer_types_of_the_wrong_length_are_refused():
         parse("gemma3", layer_types=["sliding_attention"])
 
 
+def test_a_layer_type_the_architecture_does_not_serve_is_named():
+    with pytest.raises(ValueError, match="unsupported layer type 'mamba' in layer_types; Qwen3_5ForCausalLM serves "
+                                         "full_attention, linear_attention, sliding_attention"):
+        parse_model_config({**tiny("llama"), "architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 2,
+                            "layer_types": ["linear_attention", "mamba"]})
+
+
 def test_single_eos_id_becomes_a_list():
     assert parse(eos_token_id=2).eos_token_ids == [2]
 

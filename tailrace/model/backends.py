@@ -111,7 +111,7 @@ def select(model: LlamaForCausalLM, device: torch.device, quantization: str | No
     elementwise, why = _elementwise(model, device, build)
     if why:
         not_taken["elementwise kernels"] = why
-    chosen = choose_attention(attention, str(device), model.dtype, max(model.config.layer_head_dims), is_plain(model))
+    chosen = choose_attention(attention, str(device), model.dtype, max(model.config.head_dims), is_plain(model))
     if not keeps_kv:  # the layout only counts blocks; PyTorch's SDPA attends within the step
         chosen = replace(chosen, kernel="pytorch", kept=False, not_taken=None)
     if chosen.not_taken is not None:
@@ -209,7 +209,7 @@ def _elementwise(model: LlamaForCausalLM, device: torch.device,
         return "pytorch", "no kernel build"
     if model.dtype not in KERNEL_DTYPES:
         return "pytorch", f"dtype {model.dtype} (the kernels take float32 and bfloat16)"
-    odd = [dim for dim in model.config.layer_head_dims if dim % 32]
+    odd = [dim for dim in model.config.head_dims if dim % 32]
     if odd:
         return "pytorch", f"head_dim {odd[0]} is not a multiple of 32"
     return "tailrace", None

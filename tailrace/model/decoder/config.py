@@ -115,18 +115,19 @@ class ModelConfig:
     # A mixture of experts' shared expert (an MLP of this width every token takes, times
     # sigmoid(shared_expert_gate(x))); 0: none
     shared_expert_intermediate_size: int = 0
-    # Per layer, its attention's shape (Gemma 4's full-attention layers have wider heads, and with
-    # attention_k_eq_v their own KV head count): its KV heads and head dim; an MLP's width (Gemma
-    # 4's KV-sharing layers may have double-wide MLPs).
+    # Per layer, where layers differ (empty: every layer the model's): its attention's shape (Gemma
+    # 4's full-attention layers have wider heads, and with attention_k_eq_v their own KV head
+    # count): its KV heads and head dim; an MLP's width (Gemma 4's KV-sharing layers may have
+    # double-wide MLPs). Read through attention_shape and intermediate_size_of.
     layer_kv_heads: list[int] = field(default_factory=list)
     layer_head_dims: list[int] = field(default_factory=list)
     layer_intermediate_sizes: list[int] = field(default_factory=list)
-    # Per layer, the layer whose K/V it attends over: itself, or (Gemma 4's last
-    # num_kv_shared_layers) the last earlier layer of its type that stores its own; a layer
-    # reading another's projects only q and stores nothing.
+    # Per layer (empty: each its own), the layer whose K/V it attends over: itself, or (Gemma 4's
+    # last num_kv_shared_layers) the last earlier layer of its type that stores its own; a layer
+    # reading another's projects only q and stores nothing. Read through kv_source.
     layer_kv_source: list[int] = field(default_factory=list)
-    # Per layer: its values are its keys' projection, before the k norm (Gemma 4's
-    # attention_k_eq_v full-attention layers have no v_proj)
+    # Per layer (empty: none): its values are its keys' projection, before the k norm (Gemma 4's
+    # attention_k_eq_v full-attention layers have no v_proj). Read through values_are_keys.
     layer_values_are_keys: list[bool] = field(default_factory=list)
     value_norm: bool = False  # V RMS-normed without a scale before it is stored (Gemma 4)
     # Gemma 4's per-layer inputs: a second embedding table of per_layer_vocab_size rows, each
@@ -142,11 +143,6 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         layers = self.num_hidden_layers
-        self.layer_kv_heads = self.layer_kv_heads or [self.num_key_value_heads] * layers
-        self.layer_head_dims = self.layer_head_dims or [self.head_dim] * layers
-        self.layer_intermediate_sizes = self.layer_intermediate_sizes or [self.intermediate_size] * layers
-        self.layer_kv_source = self.layer_kv_source or list(range(layers))
-        self.layer_values_are_keys = self.layer_values_are_keys or [False] * layers
         self.layer_mixers = self.layer_mixers or ["attention"] * layers
         self.layer_windows = self.layer_windows or [None] * layers
         self.layer_rope = self.layer_rope or ["global"] * layers
@@ -158,34 +154,48 @@ class ModelConfig:
     def attention_layers(self) -> list[int]:
         """The layers that store K/V, in order: the i-th keeps its K/V in the cache's layer i (a
         layer reading another's K/V attends over that layer's)."""
-        return [i for i, mixer in enumerate(self.layer_mixers)
-                if mixer == "attention" and self.layer_kv_source[i] == i]
+        return [i for i, mixer in enumerate(self.layer_mixers) if mixer == "attention" and self.kv_source(i) == i]
 
     @property
     def first_kv_reader(self) -> int | None:
         """The first layer from which every layer reads another's K/V (Gemma 4's last
         num_kv_shared_layers), None where the last layer stores its own: past it, a row whose
         output is not wanted changes nothing."""
-        readers = [i for i in range(self.num_hidden_layers) if self.layer_kv_source[i] != i]
+        readers = [i for i in range(self.num_hidden_layers) if self.kv_source(i) != i]
         if not readers or readers[-1] != self.num_hidden_layers - 1 or len(readers) != readers[-1] - readers[0] + 1:
             return None
         return readers[0]
 
     def attention_shape(self, layer: int) -> tuple[int, int]:
         """Layer `layer`'s KV heads and head dim."""
-        return self.layer_kv_heads[layer], self.layer_head_dims[layer]
+        return (self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_key_value_heads,
+                self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim)
+
+    def intermediate_size_of(self, layer: int) -> int:
+        """Layer `layer`'s MLP width."""
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V layer `layer` attends over."""
+        return self.layer_kv_source[layer] if self.layer_kv_source else layer
+
+    def values_are_keys(self, layer: int) -> bool:
+        return bool(self.layer_values_are_keys) and self.layer_values_are_keys[layer]
+
+    @property
+    def head_dims(self) -> list[int]:
+        """Every layer's head dim."""
+        return [self.attention_shape(i)[1] for i in range(self.num_hidden_layers)]
 
     @property
     def uniform_attention(self) -> bool:
         """Whether every layer's attention has the model's shape and keeps its own K/V: what the
         one-call forward and the slot slab take."""
-        return (all(self.attention_shape(i) == (self.num_key_value_heads, self.head_dim)
-                    for i in range(self.num_hidden_layers))
-                and self.layer_kv_source == list(range(self.num_hidden_layers)))
+        return not (self.layer_kv_heads or self.layer_head_dims or self.layer_kv_source or self.layer_values_are_keys)
 
     def rope_head_dim(self, kind: str) -> int:
         """The head dim of the layers rotary table `kind` turns (one per table)."""
-        dims = {self.layer_head_dims[i] for i, rope in enumerate(self.layer_rope) if rope == kind}
+        dims = {self.attention_shape(i)[1] for i, rope in enumerate(self.layer_rope) if rope == kind}
         if len(dims) > 1:
             raise ValueError(f"the layers of rotary table {kind!r} have head dims {sorted(dims)}")
         return dims.pop() if dims else self.head_dim
@@ -552,7 +562,11 @@ def _layer_types(raw: dict[str, Any], entry: registry.Architecture) -> list[str]
     allowed = {"full_attention", "sliding_attention"} | ({"linear_attention"} if entry.gated_delta else set())
     if raw.get("layer_types"):
         types = list(raw["layer_types"])
-        if len(types) != layers or set(types) - allowed:
+        unknown = sorted(set(types) - allowed)
+        if unknown:  # a hybrid's layer of a kind this architecture's entry does not serve (LFM2's "conv")
+            raise ValueError(f"unsupported layer type {unknown[0]!r} in layer_types; {entry.name} serves "
+                             f"{', '.join(sorted(allowed))}")
+        if len(types) != layers:
             raise ValueError(f"layer_types must name one of {', '.join(sorted(allowed))} for each of {layers} layers")
     elif entry.gated_delta:
         every = raw.get("full_attention_interval", 4)

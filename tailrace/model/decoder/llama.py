@@ -256,10 +256,10 @@ class Attention(Module):
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        source = config.layer_kv_source[layer]
+        source = config.kv_source(layer)
         self.layer = config.attention_layers.index(source)  # the KV cache's layer it attends over
         self.stores = source == layer
-        self.values_are_keys = config.layer_values_are_keys[layer]
+        self.values_are_keys = config.values_are_keys(layer)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads, self.head_dim = config.attention_shape(layer)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -567,7 +567,7 @@ class DecoderLayer(Module):
         self.linear_attn = GatedDeltaNet(config, layer, dtype) if linear else None
         beside = config.experts_beside_mlp and config.layer_moe[layer]  # Gemma 4's: both
         self.mlp = (MoE(config, dtype) if config.layer_moe[layer] and not beside
-                    else MLP(config, dtype, config.layer_intermediate_sizes[layer]))
+                    else MLP(config, dtype, config.intermediate_size_of(layer)))
         self.moe = MoE(config, dtype) if beside else None
         # Gemma 4's per-layer input, gated into h after the MLP, and the layer's output scalar
         if config.per_layer_input_size:

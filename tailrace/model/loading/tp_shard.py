@@ -69,15 +69,13 @@ def vocab_rows(vocab_size: int, size: int) -> int:
 
 
 def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
-    """The shape of one rank's model: its heads, its KV heads, its MLP slice and its vocabulary rows
-    (the per-layer KV heads and MLP widths made again from them: a sharded model's are uniform)."""
+    """The shape of one rank's model: its heads, its KV heads, its MLP slice and its vocabulary rows."""
     return dataclasses.replace(
         config,
         num_attention_heads=config.num_attention_heads // shard.size,
         num_key_value_heads=max(1, config.num_key_value_heads // shard.size),
         intermediate_size=config.intermediate_size // shard.size,
         vocab_size=vocab_rows(config.vocab_size, shard.size),
-        layer_kv_heads=[], layer_intermediate_sizes=[],
     )
 
 
