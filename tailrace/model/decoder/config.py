@@ -182,6 +182,11 @@ class ModelConfig:
     def values_are_keys(self, layer: int) -> bool:
         return bool(self.layer_values_are_keys) and self.layer_values_are_keys[layer]
 
+    def projected_parts(self, layer: int) -> int:
+        """How many of q, k and v layer `layer` projects: q alone where it reads another layer's
+        K/V, q and k where its values are its keys, else all three."""
+        return 1 if self.kv_source(layer) != layer else 2 if self.values_are_keys(layer) else 3
+
     @property
     def head_dims(self) -> list[int]:
         """Every layer's head dim."""

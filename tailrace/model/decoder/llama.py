@@ -263,10 +263,10 @@ class Attention(Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads, self.head_dim = config.attention_shape(layer)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        stored = (0 if not self.stores else kv_size if self.values_are_keys else 2 * kv_size)
         # q (and k), then v where it is its own, then the output gate
         self.gated = config.attention_output_gate
-        self.split = [q_size + min(stored, kv_size)] + ([kv_size] if stored == 2 * kv_size else []) + (
+        parts = config.projected_parts(layer)
+        self.split = [q_size + (kv_size if parts > 1 else 0)] + ([kv_size] if parts == 3 else []) + (
             [q_size] if self.gated else [])
         self.qkv_proj = Linear(config.hidden_size, sum(self.split), config.attention_bias, dtype)
         self.o_proj = Linear(q_size, config.hidden_size, config.attention_out_bias, dtype)
@@ -430,8 +430,8 @@ def gelu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 ACT_AND_MUL = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul, "gelu": gelu_and_mul}
-# An ungated MLP's activation (an encoder's)
-ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
+# An ungated activation (an encoder's MLP's, Gemma 4's per-layer input gate's)
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "silu": F.silu}
 
 
 class MLP(Module):
@@ -573,8 +573,7 @@ class DecoderLayer(Module):
         if config.per_layer_input_size:
             self.per_layer_input_gate = Linear(config.hidden_size, config.per_layer_input_size, False, dtype)
             self.per_layer_projection = Linear(config.per_layer_input_size, config.hidden_size, False, dtype)
-            self.per_layer_act = functools.partial(F.gelu, approximate="tanh") if config.hidden_act == "gelu_tanh" \
-                else F.silu
+            self.per_layer_act = ACTIVATIONS[config.hidden_act]
         self.layer_scalar = _empty(1, dtype=dtype) if config.layer_scalars else None
 
     def forward(

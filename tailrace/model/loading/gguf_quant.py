@@ -116,7 +116,7 @@ def block_projections(model: LlamaForCausalLM, reader: GgufFile) -> list[BlockPr
                 continue  # shared expert; only Gemma 4's layers have per-layer inputs
             order = orders.get(name)
             if name == "qkv_proj":  # Gemma 4's: q alone where a layer reads another's K/V, no v where v is k
-                parts = parts[:1 if not parent.stores else 2 if parent.values_are_keys else 3]
+                parts = parts[:config.projected_parts(i)]
             if not all(f"blk.{i}.{part}.weight" in tensors for part in parts):
                 parts = _FUSED_TENSORS.get(name, ("",))  # Phi-3's, Qwen3-Next's
                 order = _grouped_ba_order(config) if name == "in_proj" else order

@@ -429,7 +429,7 @@ def _fused_parts(name: str, config: ModelConfig) -> list[tuple[str, str, int]]:
              if fused == projection]
     layer = _layer_of(name)
     if projection == "qkv_proj" and layer is not None and layer < config.num_hidden_layers:
-        parts = parts[:1 if config.kv_source(layer) != layer else 2 if config.values_are_keys(layer) else 3]
+        parts = parts[:config.projected_parts(layer)]
     return parts
 
 
